@@ -1,0 +1,43 @@
+# Task runner. The README's two commands are `make book` and `make test`.
+PYTHON     ?= python3
+VENV       ?= .venv
+# On a CPU-only machine torch==2.13.0 is a CPU wheel; elsewhere choose your own
+# build (e.g. TORCH_SPEC="torch==2.13.0 --index-url https://download.pytorch.org/whl/cu124").
+TORCH_SPEC ?= torch==2.13.0
+BIN        := $(VENV)/bin
+
+.PHONY: setup book test lint unit nbval build html-check bench clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+
+## setup: virtual environment with torch first (only if missing), then the package with all extras
+setup: $(BIN)/python
+	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/python -m pip install $(TORCH_SPEC)
+	$(BIN)/python -m pip install --quiet -e ".[dev]"
+
+## book: set up, then build the rendered book into _build/html
+book: setup build
+
+## test: set up, then every check CI runs (lint, unit tests, nbval, book build, HTML checks)
+test: setup
+	PATH="$(abspath $(BIN)):$$PATH" bash .ci/check
+
+lint:
+	$(BIN)/ruff check .
+
+unit:
+	$(BIN)/python -m pytest tests -q
+
+nbval:
+	$(BIN)/python -m pytest --nbval --nbval-current-env --nbval-sanitize-with tests/sanitize.cfg book -q
+
+build:
+	$(BIN)/jupyter-book build . -W -n --keep-going --all
+
+bench:
+	$(BIN)/python -m tutorial_pkg.benchmark --out benchmark_results.json
+
+clean:
+	rm -rf _build .pytest_cache .ruff_cache

@@ -1,0 +1,93 @@
+"""tutorial_pkg: positional encodings for Transformers, the companion of the book.
+
+Each module is explained by one chapter:
+
+=================  ==============================================================
+module             chapter
+=================  ==============================================================
+``sinusoidal``     1. Sinusoidal encoding
+``rope``           2. RoPE
+``alibi``          3. ALiBi
+``encodings``      4. Attention layers (the interface) and 6. Hybrid
+``attention``      4. Attention layers
+``benchmark``      5. Benchmarking
+``data``           7. Length extrapolation (corpus)
+``model``          7. Length extrapolation (tiny LM)
+``experiments``    7. Length extrapolation (training, evaluation)
+``plotting``       figures of every chapter
+=================  ==============================================================
+"""
+
+from .alibi import ALIBI_MODES, alibi_bias, alibi_score_mod, alibi_slopes
+from .attention import BACKENDS, KVCache, MultiHeadAttention, TransformerBlock, flex_available
+from .encodings import (
+    ENCODINGS,
+    ALiBi,
+    Hybrid,
+    Learned,
+    NoPE,
+    PositionEncoding,
+    Rotary,
+    Sinusoidal,
+    make_encoding,
+)
+from .rope import (
+    LAYOUTS,
+    ROPE_SCALINGS,
+    RotaryEmbedding,
+    apply_rope,
+    apply_rope_complex,
+    half_to_interleaved,
+    interleaved_to_half,
+    interleaved_to_half_permutation,
+    inv_freq,
+    precompute_freqs_cis,
+    rope_angles,
+    rotate_half,
+    scaled_inv_freq,
+)
+from .sinusoidal import SinusoidalPositionalEmbedding, sinusoidal_frequencies, sinusoidal_table
+
+__version__ = "0.1.0"
+
+__all__ = [
+    # sinusoidal
+    "sinusoidal_frequencies",
+    "sinusoidal_table",
+    "SinusoidalPositionalEmbedding",
+    # rope
+    "LAYOUTS",
+    "ROPE_SCALINGS",
+    "inv_freq",
+    "scaled_inv_freq",
+    "rope_angles",
+    "rotate_half",
+    "apply_rope",
+    "precompute_freqs_cis",
+    "apply_rope_complex",
+    "interleaved_to_half_permutation",
+    "interleaved_to_half",
+    "half_to_interleaved",
+    "RotaryEmbedding",
+    # alibi
+    "ALIBI_MODES",
+    "alibi_slopes",
+    "alibi_bias",
+    "alibi_score_mod",
+    # encodings
+    "PositionEncoding",
+    "NoPE",
+    "Sinusoidal",
+    "Learned",
+    "Rotary",
+    "ALiBi",
+    "Hybrid",
+    "ENCODINGS",
+    "make_encoding",
+    # attention
+    "BACKENDS",
+    "flex_available",
+    "KVCache",
+    "MultiHeadAttention",
+    "TransformerBlock",
+]

@@ -1,0 +1,104 @@
+"""Argument checks shared by every module: one place, one message style.
+
+Every public function validates its inputs with these helpers so that bad input
+fails early with a message that names the argument and says what was expected.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def check_positive_int(name: str, value: object) -> int:
+    """Return ``value`` if it is an ``int`` > 0, else raise naming ``name``."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+    if value <= 0:
+        raise ValueError(f"{name} must be a positive int, got {value}")
+    return value
+
+
+def check_nonneg_int(name: str, value: object) -> int:
+    """Return ``value`` if it is an ``int`` >= 0, else raise naming ``name``."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+    if value < 0:
+        raise ValueError(f"{name} must be >= 0, got {value}")
+    return value
+
+
+def check_even(name: str, value: object) -> int:
+    """Return ``value`` if it is a positive even ``int``, else raise naming ``name``."""
+    check_positive_int(name, value)
+    if value % 2:
+        raise ValueError(f"{name} must be even (dimensions are rotated in pairs), got {value}")
+    return value
+
+
+def check_positive_float(name: str, value: object) -> float:
+    """Return ``float(value)`` if it is a finite real number > 0."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{name} must be a number, got {type(value).__name__}")
+    value = float(value)
+    if not value > 0 or value == float("inf"):
+        raise ValueError(f"{name} must be a finite number > 0, got {value}")
+    return value
+
+
+def check_choice(name: str, value: object, choices) -> str:
+    """Return ``value`` if it is one of ``choices``, else raise naming ``name``."""
+    if value not in choices:
+        raise ValueError(f"{name} must be one of {sorted(choices)}, got {value!r}")
+    return value
+
+
+def check_float_tensor(name: str, x: object, ndim: int | None = None) -> torch.Tensor:
+    """Check that ``x`` is a floating-point tensor (optionally of rank ``ndim``)."""
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+    if not x.is_floating_point():
+        raise TypeError(f"{name} must be a floating-point tensor, got dtype {x.dtype}")
+    if ndim is not None and x.dim() != ndim:
+        raise ValueError(f"{name} must have {ndim} dimensions, got shape {tuple(x.shape)}")
+    return x
+
+
+def as_positions(name: str, positions, device=None) -> torch.Tensor:
+    """Turn an int length or an integer tensor into a 1-D int64 position tensor.
+
+    Args:
+        name: argument name for error messages.
+        positions: an ``int`` ``L`` (meaning ``0..L-1``) or an integer tensor of
+            shape ``(L,)`` with non-negative entries.
+        device: device for a tensor built from an int.
+
+    Returns:
+        ``LongTensor`` of shape ``(L,)``.
+    """
+    if isinstance(positions, bool):
+        raise TypeError(f"{name} must be an int length or an integer tensor, got bool")
+    if isinstance(positions, int):
+        check_nonneg_int(name, positions)
+        return torch.arange(positions, device=device)
+    if not isinstance(positions, torch.Tensor):
+        raise TypeError(
+            f"{name} must be an int length or an integer tensor, got {type(positions).__name__}"
+        )
+    if positions.is_floating_point() or positions.is_complex() or positions.dtype == torch.bool:
+        raise TypeError(f"{name} must be an integer tensor, got dtype {positions.dtype}")
+    if positions.dim() != 1:
+        raise ValueError(f"{name} must be 1-D (L,), got shape {tuple(positions.shape)}")
+    if positions.numel() and int(positions.min()) < 0:
+        raise ValueError(f"{name} must be non-negative, got min {int(positions.min())}")
+    return positions.long()
+
+
+def contiguous_start(positions: torch.Tensor) -> int | None:
+    """Return ``p0`` if ``positions == p0 + arange(L)``, else ``None`` (cache-friendly)."""
+    n = positions.numel()
+    if n == 0:
+        return 0
+    p0 = int(positions[0])
+    if n == 1 or (int(positions[-1]) - p0 == n - 1 and bool((positions.diff() == 1).all())):
+        return p0
+    return None

@@ -1,0 +1,137 @@
+"""Attention with Linear Biases (ALiBi; Press et al., 2022). Chapter 3.
+
+Each head ``h`` adds ``-m_h * distance`` to its attention scores (after the
+``1/sqrt(d)`` scaling of ``q.k``; the bias itself is *not* divided by ``sqrt(d)``).
+The slopes ``m_h`` are a geometric sequence; :func:`alibi_slopes` reproduces the
+reference ``get_slopes`` of the paper's code for every head count.
+
+Three forms of the bias, ``i`` the query position and ``j`` the key position:
+
+* ``"causal"``: ``-m (i - j)`` (decoders; future keys are masked anyway).
+* ``"key_only"``: ``m j``. Softmax is shift invariant per row,
+  ``softmax(s + c) = softmax(s)`` for a constant ``c``, and ``-m(i-j) = m j - m i``
+  differs from ``m j`` by ``-m i``, constant along a row. So both give the *same*
+  attention weights; this is the form of the paper's code and of BLOOM, and it is
+  a ``(H, 1, L_k)`` row that broadcasts over queries. Its values grow with ``j``,
+  so use it in float32 only.
+* ``"symmetric"``: ``-m |i - j|`` (encoders, bidirectional attention).
+
+The bias is always float32.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from ._checks import as_positions, check_choice, check_positive_int
+
+__all__ = ["ALIBI_MODES", "alibi_slopes", "alibi_bias", "alibi_score_mod"]
+
+ALIBI_MODES = ("causal", "key_only", "symmetric")
+
+
+def _slopes_power_of_2(n: int) -> list[float]:
+    # start = 2 ** (-8 / n): the slopes 2^(-8/n), 2^(-16/n), ..., 2^(-8) span (0, 1)
+    start = 2.0 ** (-8.0 / n)
+    return [start ** (i + 1) for i in range(n)]
+
+
+def alibi_slopes(n_heads: int, *, device=None) -> torch.Tensor:
+    """Per-head slopes ``m_h`` of Press et al. (2022), any number of heads.
+
+    For ``n`` a power of two: ``m_h = 2 ** (-8 h / n)``, ``h = 1..n``. Otherwise the
+    slopes of the closest smaller power of two ``p``, followed by every other slope
+    of ``2p`` heads (those interleave between the first ones), as in the paper's
+    reference ``get_slopes``.
+
+    Args:
+        n_heads: number of attention heads (>= 1).
+        device: device of the result.
+
+    Returns:
+        float32 tensor ``(n_heads,)``.
+    """
+    check_positive_int("n_heads", n_heads)
+    p = 2 ** math.floor(math.log2(n_heads))
+    slopes = _slopes_power_of_2(p)
+    if p != n_heads:
+        slopes += _slopes_power_of_2(2 * p)[0::2][: n_heads - p]
+    return torch.tensor(slopes, dtype=torch.float32, device=device)
+
+
+def _as_slopes(slopes) -> torch.Tensor:
+    if isinstance(slopes, int) and not isinstance(slopes, bool):
+        return alibi_slopes(slopes)
+    if not isinstance(slopes, torch.Tensor) or slopes.dim() != 1:
+        raise TypeError(
+            "slopes must be an int head count or a 1-D tensor (n_heads,), got "
+            f"{type(slopes).__name__}"
+        )
+    return slopes.float()
+
+
+def alibi_bias(slopes, q_pos, k_pos=None, *, mode: str = "causal") -> torch.Tensor:
+    """The ALiBi bias ``(H, L_q, L_k)`` in float32 (``(H, 1, L_k)`` for ``key_only``).
+
+    Args:
+        slopes: ``(H,)`` slopes, or an int head count for :func:`alibi_slopes`.
+        q_pos: query positions: an int ``L_q`` or an integer tensor ``(L_q,)``.
+            When decoding with a cache, the new query sits at position
+            ``cache_length`` (the query offset).
+        k_pos: key positions (int ``L_k`` or tensor ``(L_k,)``); default ``q_pos``.
+        mode: ``"causal"``, ``"key_only"`` or ``"symmetric"`` (see module docs).
+
+    Returns:
+        float32 tensor ``(H, L_q, L_k)``; no mask is applied (attention masks).
+
+    Example:
+        >>> alibi_bias(torch.tensor([0.5]), 3)[0]
+        tensor([[ 0.0000,  0.5000,  1.0000],
+                [-0.5000,  0.0000,  0.5000],
+                [-1.0000, -0.5000,  0.0000]])
+    """
+    slopes = _as_slopes(slopes)
+    check_choice("mode", mode, ALIBI_MODES)
+    q = as_positions("q_pos", q_pos, device=slopes.device)
+    k = q if k_pos is None else as_positions("k_pos", k_pos, device=slopes.device)
+    m = slopes[:, None, None]
+    if mode == "key_only":
+        return m * k.float()[None, None, :]
+    distance = (q[:, None] - k[None, :]).float()  # i - j, exact integers in fp32 up to 2**24
+    if mode == "symmetric":
+        distance = distance.abs()
+    return -m * distance + 0.0  # + 0.0 turns -0.0 (on the diagonal) into 0.0 for display
+
+
+def alibi_score_mod(slopes: torch.Tensor, *, mode: str = "causal", q_offset: int = 0):
+    """A FlexAttention ``score_mod`` adding the ALiBi bias, never materialising it.
+
+    Args:
+        slopes: ``(H,)`` float32 slopes (captured by the function).
+        mode: ``"causal"``/``"key_only"``/``"symmetric"``.
+        q_offset: position of query index 0 (the KV-cache length when decoding).
+
+    Returns:
+        ``score_mod(score, b, h, q_idx, kv_idx) -> score + bias``.
+    """
+    check_choice("mode", mode, ALIBI_MODES)
+    slopes = _as_slopes(slopes)
+
+    if mode == "key_only":
+
+        def score_mod(score, b, h, q_idx, kv_idx):
+            return score + slopes[h] * kv_idx
+
+    elif mode == "symmetric":
+
+        def score_mod(score, b, h, q_idx, kv_idx):
+            return score - slopes[h] * (q_idx + q_offset - kv_idx).abs()
+
+    else:
+
+        def score_mod(score, b, h, q_idx, kv_idx):
+            return score - slopes[h] * (q_idx + q_offset - kv_idx)
+
+    return score_mod

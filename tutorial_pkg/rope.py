@@ -1,0 +1,459 @@
+"""Rotary position embedding (RoPE; Su et al., 2021). Chapter 2.
+
+RoPE rotates each pair of query/key features by an angle proportional to the
+token position, ``m * theta_i`` with ``theta_i = base ** (-2i / d)``, so that
+``<R_m q, R_n k>`` depends on positions only through ``m - n``.
+
+Two pair layouts exist in real checkpoints, and mixing them silently gives wrong
+attention scores:
+
+* ``"half"``: pair ``(x[i], x[i + d/2])``. Hugging Face Llama / GPT-NeoX
+  (``rotate_half``).
+* ``"interleaved"``: pair ``(x[2i], x[2i + 1])``. Meta's original Llama code and
+  RoFormer (``torch.view_as_complex``).
+
+They are the same rotation up to a fixed permutation of the feature axis;
+:func:`interleaved_to_half` / :func:`half_to_interleaved` permute q/k projection
+weights from one to the other (what Hugging Face's Llama conversion script does).
+
+Angles are always computed in float32 (or float64 on request): position ``m``
+times a frequency in bfloat16 has an absolute error of about ``m * 2**-8``
+radians, i.e. random rotations past a few hundred tokens (chapter 2 measures it).
+Only the final ``cos``/``sin`` values are cast to the dtype of q/k.
+
+Shapes: q and k are ``[b, n_h, s, h_d]`` (the layout of
+``torch.nn.functional.scaled_dot_product_attention``).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import torch
+from torch import nn
+
+from ._checks import (
+    as_positions,
+    check_choice,
+    check_even,
+    check_float_tensor,
+    check_positive_float,
+    check_positive_int,
+)
+
+__all__ = [
+    "LAYOUTS",
+    "ROPE_SCALINGS",
+    "inv_freq",
+    "scaled_inv_freq",
+    "rope_angles",
+    "rotate_half",
+    "apply_rope",
+    "precompute_freqs_cis",
+    "apply_rope_complex",
+    "interleaved_to_half_permutation",
+    "interleaved_to_half",
+    "half_to_interleaved",
+    "RotaryEmbedding",
+]
+
+LAYOUTS = ("half", "interleaved")
+
+
+# --------------------------------------------------------------------------- frequencies
+def inv_freq(dim: int, base: float = 10000.0, *, device=None) -> torch.Tensor:
+    """Inverse frequencies ``theta_i = base ** (-2i / dim)`` in float32.
+
+    Args:
+        dim: rotary dimension (even): the number of features rotated per head.
+        base: RoPE base ("theta"); 10000 in RoFormer and Llama 2, 500000 in Llama 3.
+        device: device of the result.
+
+    Returns:
+        float32 tensor ``(dim // 2,)``, decreasing from 1.
+    """
+    check_even("dim", dim)
+    base = check_positive_float("base", base)
+    exponent = torch.arange(0, dim, 2, dtype=torch.float64, device=device) / dim
+    return (base**-exponent).float()
+
+
+def _no_scaling(dim: int, base: float, device=None) -> tuple[torch.Tensor, float]:
+    return inv_freq(dim, base, device=device), 1.0
+
+
+def _linear_scaling(dim, base, *, factor, device=None):
+    """Position interpolation (Chen et al., 2023): positions divided by ``factor``.
+
+    Dividing every frequency by ``factor`` is the same as dividing positions, so a
+    model trained to length ``L`` sees positions of ``factor * L`` squeezed into
+    the range it knows.
+    """
+    factor = check_positive_float("factor", factor)
+    return inv_freq(dim, base, device=device) / factor, 1.0
+
+
+def _ntk_scaling(dim, base, *, factor, device=None):
+    """NTK-aware scaling (bloc97, 2023): raise the base instead of squeezing positions.
+
+    ``base' = base * factor ** (dim / (dim - 2))`` leaves the highest frequency
+    unchanged (local order stays sharp) and divides the lowest one by ``factor``
+    (the longest wavelength covers ``factor`` times more tokens).
+    """
+    factor = check_positive_float("factor", factor)
+    if dim <= 2:
+        raise ValueError(f"dim must be > 2 for NTK-aware scaling, got {dim}")
+    new_base = base * factor ** (dim / (dim - 2))
+    return inv_freq(dim, new_base, device=device), 1.0
+
+
+def _yarn_scaling(
+    dim,
+    base,
+    *,
+    factor,
+    original_max_position,
+    beta_fast: float = 32.0,
+    beta_slow: float = 1.0,
+    attention_factor: float | None = None,
+    device=None,
+):
+    """YaRN (Peng et al., 2024): interpolate only the low frequencies, plus a temperature.
+
+    Frequencies that turn more than ``beta_fast`` times over the original context
+    are kept (extrapolated), those turning less than ``beta_slow`` times are
+    interpolated by ``factor``, with a linear ramp between. The attention factor
+    ``0.1 ln(factor) + 1`` multiplies cos and sin (hence scores by its square), as in
+    the paper and Hugging Face's ``_compute_yarn_parameters``.
+    """
+    factor = check_positive_float("factor", factor)
+    check_positive_int("original_max_position", original_max_position)
+    if attention_factor is None:
+        attention_factor = 0.1 * math.log(factor) + 1.0 if factor > 1 else 1.0
+
+    def correction_dim(n_rotations: float) -> float:
+        # the pair index i whose wavelength fits n_rotations times in the original context
+        return (dim * math.log(original_max_position / (n_rotations * 2 * math.pi))) / (
+            2 * math.log(base)
+        )
+
+    low = max(math.floor(correction_dim(beta_fast)), 0)
+    high = min(math.ceil(correction_dim(beta_slow)), dim - 1)
+    if low == high:
+        high += 0.001  # avoid a zero-width ramp
+    ramp = ((torch.arange(dim // 2, dtype=torch.float32, device=device) - low) / (high - low))
+    extrapolate = 1.0 - ramp.clamp(0.0, 1.0)  # 1: keep the frequency, 0: interpolate it
+    theta = inv_freq(dim, base, device=device)
+    return theta / factor * (1 - extrapolate) + theta * extrapolate, float(attention_factor)
+
+
+#: Registry of RoPE scaling rules: ``name -> fn(dim, base, **params) -> (inv_freq, attn_factor)``.
+ROPE_SCALINGS: dict[str, Callable[..., tuple[torch.Tensor, float]]] = {
+    "none": _no_scaling,
+    "linear": _linear_scaling,
+    "ntk": _ntk_scaling,
+    "yarn": _yarn_scaling,
+}
+
+
+def scaled_inv_freq(
+    dim: int, base: float = 10000.0, scaling: dict | None = None, *, device=None
+) -> tuple[torch.Tensor, float]:
+    """Inverse frequencies after a context-extension rule, and its attention factor.
+
+    Args:
+        dim: rotary dimension (even).
+        base: RoPE base.
+        scaling: ``None`` or a dict ``{"type": name, **params}`` with ``name`` in
+            :data:`ROPE_SCALINGS`: ``{"type": "linear", "factor": 4}``,
+            ``{"type": "ntk", "factor": 4}``,
+            ``{"type": "yarn", "factor": 4, "original_max_position": 2048}``.
+
+    Returns:
+        ``(inv_freq (dim // 2,) float32, attention_factor float)``.
+    """
+    check_even("dim", dim)
+    base = check_positive_float("base", base)
+    if scaling is None:
+        return _no_scaling(dim, base, device=device)
+    if not isinstance(scaling, dict) or "type" not in scaling:
+        raise TypeError(f"scaling must be None or a dict with a 'type' key, got {scaling!r}")
+    params = dict(scaling)
+    kind = check_choice("scaling['type']", params.pop("type"), ROPE_SCALINGS)
+    try:
+        return ROPE_SCALINGS[kind](dim, base, device=device, **params)
+    except TypeError as err:  # unknown or missing parameter for this rule
+        raise ValueError(f"scaling parameters for {kind!r} are invalid: {err}") from err
+
+
+def rope_angles(positions, inv_freq: torch.Tensor) -> torch.Tensor:
+    """Rotation angles ``m * theta_i``, always in float32 (or float64 if given).
+
+    Args:
+        positions: int length or integer tensor ``(s,)``.
+        inv_freq: ``(h_d / 2,)`` frequencies.
+
+    Returns:
+        ``(s, h_d / 2)`` angles in float32 (float64 if ``inv_freq`` is float64).
+    """
+    dtype = torch.float64 if inv_freq.dtype == torch.float64 else torch.float32
+    pos = as_positions("positions", positions, device=inv_freq.device).to(dtype)
+    return torch.outer(pos, inv_freq.to(dtype))
+
+
+# --------------------------------------------------------------------------- apply
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    """Hugging Face's ``rotate_half``: ``[x1, x2] -> [-x2, x1]`` on the last axis."""
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((-x2, x1), dim=-1)
+
+
+def apply_rope(
+    x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: str = "half"
+) -> torch.Tensor:
+    """Rotate feature pairs of ``x`` by the angles whose ``cos``/``sin`` are given.
+
+    Partial rotary: when ``cos`` has ``r/2`` columns with ``r < h_d``, only the
+    first ``r`` features are rotated and the rest pass through (GPT-NeoX style).
+
+    Args:
+        x: ``[..., s, h_d]`` queries or keys (e.g. ``[b, n_h, s, h_d]``).
+        cos: ``[s, r/2]`` (or broadcastable, e.g. ``[b, 1, s, r/2]``), float32.
+        sin: same shape as ``cos``.
+        layout: ``"half"`` (pairs ``i, i + r/2``) or ``"interleaved"`` (``2i, 2i+1``).
+
+    Returns:
+        Tensor of ``x``'s shape and dtype.
+    """
+    half = cos.shape[-1]
+    rot = 2 * half
+    if rot > x.shape[-1]:
+        raise ValueError(f"cos/sin cover {rot} features but x has only {x.shape[-1]}")
+    # Cast the (fp32-computed) cos/sin once to x's dtype: the product then runs in
+    # x's dtype, as Hugging Face does; the angles themselves were never rounded.
+    c, s = cos.to(x.dtype), sin.to(x.dtype)
+    x_rot, x_pass = x[..., :rot], x[..., rot:]
+    if layout == "half":
+        x1, x2 = x_rot[..., :half], x_rot[..., half:]
+        out = torch.cat((x1 * c - x2 * s, x2 * c + x1 * s), dim=-1)
+    elif layout == "interleaved":
+        x1, x2 = x_rot[..., 0::2], x_rot[..., 1::2]
+        out = torch.stack((x1 * c - x2 * s, x2 * c + x1 * s), dim=-1).flatten(-2)
+    else:
+        check_choice("layout", layout, LAYOUTS)
+    if x_pass.shape[-1]:
+        out = torch.cat((out, x_pass), dim=-1)
+    return out
+
+
+def precompute_freqs_cis(dim: int, end: int, theta: float = 10000.0) -> torch.Tensor:
+    """Meta's Llama ``precompute_freqs_cis``: ``exp(i m theta_j)`` as complex64.
+
+    The teaching form of RoPE: a feature pair is a complex number, a rotation is a
+    multiplication by ``e^{i m theta}``.
+
+    Returns:
+        complex64 tensor ``(end, dim // 2)``.
+    """
+    check_positive_int("end", end)
+    angles = rope_angles(end, inv_freq(dim, theta))
+    return torch.polar(torch.ones_like(angles), angles)
+
+
+def apply_rope_complex(x: torch.Tensor, freqs_cis: torch.Tensor) -> torch.Tensor:
+    """RoPE in the complex form (interleaved layout), as in Meta's ``apply_rotary_emb``.
+
+    Args:
+        x: ``[..., s, h_d]`` real tensor; pairs ``(x[2i], x[2i+1])`` are complex numbers.
+        freqs_cis: complex ``(s, h_d/2)`` from :func:`precompute_freqs_cis`.
+
+    Returns:
+        Tensor of ``x``'s shape and dtype.
+    """
+    check_float_tensor("x", x)
+    xc = torch.view_as_complex(x.float().reshape(*x.shape[:-1], -1, 2))
+    return torch.view_as_real(xc * freqs_cis).flatten(-2).type_as(x)
+
+
+# --------------------------------------------------------------------------- layouts
+def interleaved_to_half_permutation(head_dim: int, rotary_dim: int | None = None):
+    """Index ``perm`` with ``x_half = x_interleaved[..., perm]`` for one head.
+
+    Even features go first, odd second; features past ``rotary_dim`` stay put.
+    """
+    check_even("head_dim", head_dim)
+    rotary_dim = head_dim if rotary_dim is None else check_even("rotary_dim", rotary_dim)
+    if rotary_dim > head_dim:
+        raise ValueError(f"rotary_dim must be <= head_dim={head_dim}, got {rotary_dim}")
+    return torch.cat(
+        (
+            torch.arange(0, rotary_dim, 2),
+            torch.arange(1, rotary_dim, 2),
+            torch.arange(rotary_dim, head_dim),
+        )
+    )
+
+
+def _permute_heads(w: torch.Tensor, n_heads: int, perm: torch.Tensor) -> torch.Tensor:
+    head_dim = w.shape[0] // n_heads
+    per_head = w.reshape(n_heads, head_dim, *w.shape[1:])
+    return per_head[:, perm.to(w.device)].reshape(w.shape)
+
+
+def _head_dim(w: torch.Tensor, n_heads: int) -> int:
+    if not isinstance(w, torch.Tensor):
+        raise TypeError(f"weight must be a torch.Tensor, got {type(w).__name__}")
+    check_positive_int("n_heads", n_heads)
+    if w.dim() == 0 or w.shape[0] % n_heads:
+        raise ValueError(
+            f"weight's first dimension must be n_heads * head_dim with n_heads={n_heads}, "
+            f"got shape {tuple(w.shape)}"
+        )
+    return w.shape[0] // n_heads
+
+
+def interleaved_to_half(w: torch.Tensor, n_heads: int, rotary_dim: int | None = None):
+    """Permute q/k projection rows from Meta's interleaved layout to the half layout.
+
+    The same permutation as ``permute`` in Hugging Face's
+    ``convert_llama_weights_to_hf.py``: after it, a model using ``rotate_half``
+    computes exactly the scores the Meta model computed.
+
+    Args:
+        w: ``(n_heads * h_d, in)`` weight (or ``(n_heads * h_d,)`` bias) of q or k.
+        n_heads: heads of that projection (``n_kv_heads`` for k under GQA).
+        rotary_dim: rotated features per head (default: all).
+
+    Returns:
+        The permuted weight, same shape.
+    """
+    head_dim = _head_dim(w, n_heads)
+    return _permute_heads(w, n_heads, interleaved_to_half_permutation(head_dim, rotary_dim))
+
+
+def half_to_interleaved(w: torch.Tensor, n_heads: int, rotary_dim: int | None = None):
+    """Inverse of :func:`interleaved_to_half` (Hugging Face -> Meta layout)."""
+    head_dim = _head_dim(w, n_heads)
+    perm = interleaved_to_half_permutation(head_dim, rotary_dim)
+    return _permute_heads(w, n_heads, torch.argsort(perm))
+
+
+# --------------------------------------------------------------------------- module
+class RotaryEmbedding(nn.Module):
+    """RoPE for ``[b, n_h, s, h_d]`` queries and keys, with a cos/sin cache.
+
+    The cache holds ``cos``/``sin`` of the fp32 angles for positions ``0..N-1`` and
+    grows (doubling) when a larger position arrives; it is a non-persistent buffer,
+    so it is not saved in ``state_dict`` and follows ``.to(device)``.
+
+    Args:
+        head_dim: features per head ``h_d``.
+        base: RoPE base ("theta").
+        rotary_dim: features rotated per head (even, <= ``head_dim``); default all.
+        layout: ``"half"`` (Hugging Face) or ``"interleaved"`` (Meta).
+        scaling: context extension, see :func:`scaled_inv_freq`.
+        max_position: optional hard limit; positions >= it raise ``ValueError``.
+    """
+
+    def __init__(
+        self,
+        head_dim: int,
+        base: float = 10000.0,
+        *,
+        rotary_dim: int | None = None,
+        layout: str = "half",
+        scaling: dict | None = None,
+        max_position: int | None = None,
+    ) -> None:
+        super().__init__()
+        self.head_dim = check_even("head_dim", head_dim)
+        self.rotary_dim = head_dim if rotary_dim is None else check_even("rotary_dim", rotary_dim)
+        if self.rotary_dim > head_dim:
+            raise ValueError(f"rotary_dim must be <= head_dim={head_dim}, got {rotary_dim}")
+        self.base = check_positive_float("base", base)
+        self.layout = check_choice("layout", layout, LAYOUTS)
+        self.max_position = (
+            None if max_position is None else check_positive_int("max_position", max_position)
+        )
+        self.register_buffer("inv_freq", torch.empty(0), persistent=False)
+        self.register_buffer("cos_cached", torch.empty(0, self.rotary_dim // 2), persistent=False)
+        self.register_buffer("sin_cached", torch.empty(0, self.rotary_dim // 2), persistent=False)
+        self.set_scaling(scaling)
+
+    def set_scaling(self, scaling: dict | None) -> None:
+        """Change the context-extension rule (e.g. at evaluation time); clears the cache."""
+        device = self.inv_freq.device
+        theta, self.attention_factor = scaled_inv_freq(
+            self.rotary_dim, self.base, scaling, device=device
+        )
+        self.scaling = None if scaling is None else dict(scaling)
+        self.inv_freq = theta
+        self.cos_cached = torch.empty(0, self.rotary_dim // 2, device=device)
+        self.sin_cached = torch.empty(0, self.rotary_dim // 2, device=device)
+
+    def _grow(self, n: int, device: torch.device) -> None:
+        if self.inv_freq.device != device:
+            self.inv_freq = self.inv_freq.to(device)
+            self.cos_cached = self.cos_cached[:0].to(device)
+        if self.cos_cached.shape[0] >= n:
+            return
+        size = max(n, 2 * self.cos_cached.shape[0], 256)
+        angles = rope_angles(torch.arange(size, device=device), self.inv_freq)
+        self.cos_cached = angles.cos() * self.attention_factor
+        self.sin_cached = angles.sin() * self.attention_factor
+
+    def cos_sin(self, positions: torch.Tensor | None = None, *, start: int = 0, length=None):
+        """``cos``/``sin`` (float32, ``(s, rotary_dim/2)``) for positions.
+
+        Either ``positions`` (integer tensor ``(s,)``) or ``start`` and ``length``
+        (positions ``start..start+length-1``, served as a slice of the cache).
+        """
+        device = self.inv_freq.device if positions is None else positions.device
+        if positions is None:
+            check_positive_int("length", length)
+            if isinstance(start, bool) or not isinstance(start, int) or start < 0:
+                raise ValueError(f"start must be an int >= 0, got {start!r}")
+            end = start + length
+        else:
+            positions = as_positions("positions", positions)
+            end = int(positions.max()) + 1 if positions.numel() else 0
+        if self.max_position is not None and end > self.max_position:
+            raise ValueError(
+                f"positions must be < max_position={self.max_position}, got up to {end - 1}"
+            )
+        self._grow(end, torch.device(device))
+        if positions is None:
+            return self.cos_cached[start:end], self.sin_cached[start:end]
+        return self.cos_cached[positions], self.sin_cached[positions]
+
+    def rotate(self, x: torch.Tensor, positions=None, *, start: int = 0) -> torch.Tensor:
+        """Apply RoPE to ``x`` ``[b, n_h, s, h_d]`` at ``positions`` (or ``start + arange(s)``)."""
+        check_float_tensor("x", x)
+        if x.dim() < 2 or x.shape[-1] != self.head_dim:
+            raise ValueError(
+                f"x must be [..., s, head_dim={self.head_dim}], got shape {tuple(x.shape)}"
+            )
+        if positions is None:
+            if x.shape[-2] == 0:
+                return x
+            cos, sin = self.cos_sin(start=start, length=x.shape[-2])
+            cos, sin = cos.to(x.device), sin.to(x.device)
+        else:
+            positions = as_positions("positions", positions)
+            if positions.numel() != x.shape[-2]:
+                raise ValueError(
+                    f"positions must have length s={x.shape[-2]}, got {positions.numel()}"
+                )
+            cos, sin = self.cos_sin(positions.to(x.device))
+        return apply_rope(x, cos, sin, self.layout)
+
+    def forward(self, q, k, q_pos=None, k_pos=None, *, start: int = 0):
+        """Rotate queries and keys; see :meth:`rotate`. Returns ``(q, k)``."""
+        return self.rotate(q, q_pos, start=start), self.rotate(k, k_pos, start=start)
+
+    def extra_repr(self) -> str:
+        return (
+            f"head_dim={self.head_dim}, rotary_dim={self.rotary_dim}, base={self.base:g}, "
+            f"layout={self.layout!r}, scaling={self.scaling}"
+        )
