@@ -452,7 +452,7 @@ class TransformerBlock(nn.Module):
         self.drop = nn.Dropout(dropout)
 
     def forward(self, x, *, positions=None, key_padding_mask=None, kv_cache=None):
-        """``[b, s, d_model] -> [b, s, d_model]``; arguments as :meth:`MultiHeadAttention.forward`."""
+        """``[b, s, d_model] -> [b, s, d_model]``; see :meth:`MultiHeadAttention.forward`."""
         kw = {"positions": positions, "key_padding_mask": key_padding_mask, "kv_cache": kv_cache}
         if self.norm_first:
             x = x + self.drop(self.attn(self.norm1(x), **kw))

@@ -1,0 +1,167 @@
+"""Matplotlib figures shared by the chapters.
+
+Each function draws on axes it is given (or creates a figure) and returns the
+figure, so a chapter can add to it; nothing here calls ``plt.show()``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+
+import matplotlib.pyplot as plt
+import numpy as np
+import torch
+
+__all__ = ["heatmap", "head_heatmaps", "curves", "records_curves"]
+
+
+def _np(x) -> np.ndarray:
+    if isinstance(x, torch.Tensor):
+        return x.detach().float().cpu().numpy()
+    return np.asarray(x)
+
+
+def heatmap(
+    matrix,
+    *,
+    ax=None,
+    title: str = "",
+    xlabel: str = "",
+    ylabel: str = "",
+    cmap: str = "viridis",
+    colorbar: str | None = None,
+    vmin=None,
+    vmax=None,
+):
+    """Draw a 2-D array as an image with labelled axes (row 0 at the top).
+
+    Args:
+        matrix: ``(rows, cols)`` tensor or array.
+        ax: axes to draw on (default: a new figure).
+        title, xlabel, ylabel: labels.
+        cmap: colormap name.
+        colorbar: colorbar label; ``None`` for no colorbar.
+        vmin, vmax: colour limits.
+
+    Returns:
+        The figure.
+    """
+    if ax is None:
+        _, ax = plt.subplots(figsize=(5, 4))
+    im = ax.imshow(_np(matrix), aspect="auto", cmap=cmap, vmin=vmin, vmax=vmax,
+                   interpolation="nearest")
+    ax.set(title=title, xlabel=xlabel, ylabel=ylabel)
+    if colorbar is not None:
+        ax.figure.colorbar(im, ax=ax, label=colorbar)
+    return ax.figure
+
+
+def head_heatmaps(
+    per_head,
+    *,
+    titles: Sequence[str] | None = None,
+    suptitle: str = "",
+    xlabel: str = "key position j",
+    ylabel: str = "query position i",
+    cmap: str = "viridis",
+    ncols: int = 4,
+    share_scale: bool = False,
+):
+    """One heatmap per head from a ``(H, L_q, L_k)`` tensor (biases or attention weights).
+
+    Returns:
+        The figure.
+    """
+    data = _np(per_head)
+    n = data.shape[0]
+    ncols = min(ncols, n)
+    nrows = -(-n // ncols)
+    fig, axes = plt.subplots(nrows, ncols, figsize=(3.2 * ncols, 2.9 * nrows), squeeze=False)
+    vmin, vmax = (data.min(), data.max()) if share_scale else (None, None)
+    for h in range(nrows * ncols):
+        ax = axes[h // ncols][h % ncols]
+        if h >= n:
+            ax.axis("off")
+            continue
+        heatmap(data[h], ax=ax, title=titles[h] if titles else f"head {h}", cmap=cmap,
+                vmin=vmin, vmax=vmax, xlabel=xlabel if h // ncols == nrows - 1 else "",
+                ylabel=ylabel if h % ncols == 0 else "")
+    fig.suptitle(suptitle)
+    fig.tight_layout()
+    return fig
+
+
+def curves(
+    x,
+    ys: Mapping[str, Iterable],
+    *,
+    ax=None,
+    title: str = "",
+    xlabel: str = "",
+    ylabel: str = "",
+    logx: bool = False,
+    logy: bool = False,
+    marker: str | None = "o",
+):
+    """Several labelled curves sharing one x axis.
+
+    Args:
+        x: x values.
+        ys: ``{label: y values}``.
+
+    Returns:
+        The figure.
+    """
+    if ax is None:
+        _, ax = plt.subplots(figsize=(6, 4))
+    for label, y in ys.items():
+        ax.plot(_np(x), _np(list(y) if not isinstance(y, torch.Tensor) else y),
+                marker=marker, label=label)
+    ax.set(title=title, xlabel=xlabel, ylabel=ylabel)
+    if logx:
+        ax.set_xscale("log", base=2)
+    if logy:
+        ax.set_yscale("log")
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize="small")
+    return ax.figure
+
+
+def records_curves(
+    records: Sequence[Mapping],
+    *,
+    x: str,
+    y: str,
+    group: str | Sequence[str],
+    ax=None,
+    **kwargs,
+):
+    """Curves from a list of result records (dicts): one curve per ``group`` value.
+
+    Example: ``records_curves(rows, x="eval_len", y="ppl", group="encoding")``.
+
+    Returns:
+        The figure.
+    """
+    keys = (group,) if isinstance(group, str) else tuple(group)
+    series: dict[str, list[tuple[float, float]]] = {}
+    for r in records:
+        label = " / ".join(str(r[k]) for k in keys)
+        series.setdefault(label, []).append((r[x], r[y]))
+    xs = sorted({p[0] for pts in series.values() for p in pts})
+    if ax is None:
+        _, ax = plt.subplots(figsize=(6, 4))
+    for label, pts in series.items():
+        pts.sort()
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=label)
+    kwargs.setdefault("xlabel", x)
+    kwargs.setdefault("ylabel", y)
+    ax.set(title=kwargs.pop("title", ""), xlabel=kwargs.pop("xlabel"), ylabel=kwargs.pop("ylabel"))
+    if kwargs.pop("logx", False):
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(xs, [str(v) for v in xs])
+    if kwargs.pop("logy", False):
+        ax.set_yscale("log")
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize="small")
+    return ax.figure
