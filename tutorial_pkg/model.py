@@ -1,0 +1,164 @@
+"""A tiny decoder-only language model, any encoding by name. Chapter 7.
+
+Token embedding -> ``encoding.embed`` (absolute encodings only) -> ``n_layers``
+:class:`~tutorial_pkg.attention.TransformerBlock` sharing one encoding -> final
+LayerNorm -> output head tied to the embedding.
+
+Same initial weights for every encoding: the encoding is built on a forked RNG,
+so a learned position table does not shift the random stream that initialises
+the rest of the model. Two models built with the same ``seed`` and different
+encodings therefore start from identical embeddings and blocks.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ._checks import check_positive_int
+from .attention import KVCache, TransformerBlock
+from .encodings import PositionEncoding, make_encoding
+
+__all__ = ["TinyLM"]
+
+
+class TinyLM(nn.Module):
+    """Decoder-only LM for byte-level text.
+
+    Args:
+        encoding: an encoding name for :func:`~tutorial_pkg.make_encoding` or an instance.
+        vocab_size: vocabulary size (256 for bytes).
+        d_model: width.
+        n_layers: number of blocks.
+        n_heads: attention heads.
+        max_len: positions the learned encoding knows (needed only for ``"learned"``).
+        d_ff: MLP width (default ``4 * d_model``).
+        dropout: dropout probability.
+        backend: attention backend (``"naive"``, ``"sdpa"``, ``"flex"``).
+        norm_first: pre-norm blocks (``True``) or post-norm.
+        n_kv_heads: grouped-query attention heads.
+        seed: seed of the initial weights (identical across encodings).
+        encoding_kwargs: extra arguments for :func:`~tutorial_pkg.make_encoding`.
+    """
+
+    def __init__(
+        self,
+        encoding: str | PositionEncoding = "rope",
+        *,
+        vocab_size: int = 256,
+        d_model: int = 128,
+        n_layers: int = 4,
+        n_heads: int = 4,
+        max_len: int | None = None,
+        d_ff: int | None = None,
+        dropout: float = 0.0,
+        backend: str = "sdpa",
+        norm_first: bool = True,
+        n_kv_heads: int | None = None,
+        seed: int = 0,
+        encoding_kwargs: dict | None = None,
+    ) -> None:
+        super().__init__()
+        check_positive_int("vocab_size", vocab_size)
+        check_positive_int("n_layers", n_layers)
+        if isinstance(encoding, str):
+            with torch.random.fork_rng(devices=[]):
+                torch.manual_seed(seed + 1)
+                encoding = make_encoding(
+                    encoding, d_model=d_model, n_heads=n_heads, max_len=max_len,
+                    **(encoding_kwargs or {}),
+                )
+        elif not isinstance(encoding, PositionEncoding):
+            raise TypeError(
+                f"encoding must be a name or a PositionEncoding, got {type(encoding).__name__}"
+            )
+        generator_state = torch.random.get_rng_state()
+        torch.manual_seed(seed)
+        try:
+            self.tok_emb = nn.Embedding(vocab_size, d_model)
+            self.blocks = nn.ModuleList(
+                TransformerBlock(
+                    d_model, n_heads, encoding, d_ff=d_ff, dropout=dropout,
+                    norm_first=norm_first, backend=backend, n_kv_heads=n_kv_heads,
+                )
+                for _ in range(n_layers)
+            )
+            self.norm = nn.LayerNorm(d_model)
+            self.apply(self._init_weights)
+        finally:
+            torch.random.set_rng_state(generator_state)
+        self.encoding = encoding
+        self.drop = nn.Dropout(dropout)
+        self.vocab_size, self.d_model, self.n_layers = vocab_size, d_model, n_layers
+
+    @staticmethod
+    def _init_weights(module: nn.Module) -> None:
+        # GPT-2 style: small normal weights, zero biases.
+        if isinstance(module, (nn.Linear, nn.Embedding)):
+            nn.init.normal_(module.weight, std=0.02)
+        if isinstance(module, nn.Linear) and module.bias is not None:
+            nn.init.zeros_(module.bias)
+
+    def new_caches(self) -> list[KVCache]:
+        """One empty :class:`~tutorial_pkg.KVCache` per layer, for incremental decoding."""
+        return [KVCache() for _ in self.blocks]
+
+    def _positions(self, ids, positions, caches):
+        if positions is not None:
+            return positions
+        start = caches[0].length if caches is not None else 0
+        return torch.arange(start, start + ids.shape[1], device=ids.device)
+
+    def _check_ids(self, ids):
+        integer = (torch.long, torch.int, torch.uint8)
+        if not isinstance(ids, torch.Tensor) or ids.dtype not in integer:
+            got = getattr(ids, "dtype", type(ids).__name__)
+            raise TypeError(f"ids must be an integer tensor [b, s], got {got}")
+        if ids.dim() != 2:
+            raise ValueError(f"ids must have shape [b, s], got {tuple(ids.shape)}")
+
+    def forward(self, ids, *, positions=None, caches=None, key_padding_mask=None):
+        """Next-token logits.
+
+        Args:
+            ids: integer token ids ``[b, s]``.
+            positions: optional ``(s,)`` positions (default: after the cached tokens).
+            caches: optional list of :class:`KVCache` from :meth:`new_caches`.
+            key_padding_mask: optional ``(b, L_k)`` bool, ``True`` = padding.
+
+        Returns:
+            float logits ``[b, s, vocab_size]``.
+        """
+        self._check_ids(ids)
+        pos = self._positions(ids, positions, caches)
+        x = self.drop(self.encoding.embed(self.tok_emb(ids.long()), pos))
+        explicit = pos if positions is not None else None
+        for i, block in enumerate(self.blocks):
+            x = block(x, positions=explicit, key_padding_mask=key_padding_mask,
+                      kv_cache=None if caches is None else caches[i])
+        return self.norm(x) @ self.tok_emb.weight.T  # output head tied to the embedding
+
+    def loss(self, ids, targets) -> torch.Tensor:
+        """Mean cross-entropy (nats per token) of ``targets [b, s]`` given ``ids [b, s]``."""
+        logits = self(ids)
+        return F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), targets.reshape(-1))
+
+    @torch.no_grad()
+    def attention_weights(self, ids, layer: int = -1) -> torch.Tensor:
+        """Attention weights ``[b, H, s, s]`` of one layer on ``ids`` (naive backend).
+
+        Args:
+            ids: ``[b, s]`` token ids.
+            layer: block index (negative counts from the end).
+        """
+        self._check_ids(ids)
+        layer = range(self.n_layers)[layer]
+        pos = torch.arange(ids.shape[1], device=ids.device)
+        x = self.encoding.embed(self.tok_emb(ids.long()), pos)
+        for block in self.blocks[:layer]:
+            x = block(x)
+        block = self.blocks[layer]
+        h = block.norm1(x) if block.norm_first else x
+        _, weights = block.attn(h, return_weights=True)
+        return weights
