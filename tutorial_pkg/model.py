@@ -27,7 +27,7 @@ class TinyLM(nn.Module):
     """Decoder-only LM for byte-level text.
 
     Args:
-        encoding: an encoding name for :func:`~tutorial_pkg.make_encoding` or an instance.
+        encoding: an encoding name for :func:`~tutorial_pkg.encodings.make_encoding` or an instance.
         vocab_size: vocabulary size (256 for bytes).
         d_model: width.
         n_layers: number of blocks.
@@ -39,7 +39,7 @@ class TinyLM(nn.Module):
         norm_first: pre-norm blocks (``True``) or post-norm.
         n_kv_heads: grouped-query attention heads.
         seed: seed of the initial weights (identical across encodings).
-        encoding_kwargs: extra arguments for :func:`~tutorial_pkg.make_encoding`.
+        encoding_kwargs: extra arguments for :func:`~tutorial_pkg.encodings.make_encoding`.
     """
 
     def __init__(
@@ -101,7 +101,7 @@ class TinyLM(nn.Module):
             nn.init.zeros_(module.bias)
 
     def new_caches(self) -> list[KVCache]:
-        """One empty :class:`~tutorial_pkg.KVCache` per layer, for incremental decoding."""
+        """One empty :class:`~tutorial_pkg.attention.KVCache` per layer (incremental decoding)."""
         return [KVCache() for _ in self.blocks]
 
     def _positions(self, ids, positions, caches):
@@ -124,7 +124,8 @@ class TinyLM(nn.Module):
         Args:
             ids: integer token ids ``[b, s]``.
             positions: optional ``(s,)`` positions (default: after the cached tokens).
-            caches: optional list of :class:`KVCache` from :meth:`new_caches`.
+            caches: optional list of :class:`~tutorial_pkg.attention.KVCache`
+                from :meth:`new_caches`.
             key_padding_mask: optional ``(b, L_k)`` bool, ``True`` = padding.
 
         Returns:

@@ -148,7 +148,8 @@ def _yarn_scaling(
     return theta / factor * (1 - extrapolate) + theta * extrapolate, float(attention_factor)
 
 
-#: Registry of RoPE scaling rules: ``name -> fn(dim, base, **params) -> (inv_freq, attn_factor)``.
+#: The registry of RoPE scaling rules, by name; each is
+#: ``fn(dim, base, **params) -> (inv_freq, attention_factor)``.
 ROPE_SCALINGS: dict[str, Callable[..., tuple[torch.Tensor, float]]] = {
     "none": _no_scaling,
     "linear": _linear_scaling,
@@ -391,6 +392,13 @@ class RotaryEmbedding(nn.Module):
         self.inv_freq = theta
         self.cos_cached = torch.empty(0, self.rotary_dim // 2, device=device)
         self.sin_cached = torch.empty(0, self.rotary_dim // 2, device=device)
+
+    def _apply(self, fn, *args, **kwargs):
+        # .half()/.to(torch.bfloat16) would round inv_freq (angle error ~ m * 2**-9 rad)
+        # and the cos/sin cache: recompute the frequencies in float32 after any cast.
+        out = super()._apply(fn, *args, **kwargs)
+        self.set_scaling(self.scaling)
+        return out
 
     def _grow(self, n: int, device: torch.device) -> None:
         if self.inv_freq.device != device:

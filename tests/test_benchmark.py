@@ -1,0 +1,333 @@
+"""Tests of the measuring layer (tutorial_pkg.benchmark): CPU only, tiny sizes.
+
+They check that the harness measures what it claims (a 2 ms sleep reads ~2 ms,
+a known allocation reads its size), not how fast our code is.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from tutorial_pkg import benchmark as bm
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+FAST = {"device": "cpu", "warmup": 1, "min_runs": 5, "max_time_s": 0.02}
+FOUR_MB = 4_000_000
+# The CPU allocator reports exact request sizes; allow a little for the odd
+# scalar or bookkeeping tensor that an op may allocate.
+SLACK = 64 * 1024
+
+
+# --------------------------------------------------------------------------- #
+# time_fn / naive_time_fn
+# --------------------------------------------------------------------------- #
+def test_timing_fields_are_consistent():
+    x = torch.randn(32, 32)
+    t = bm.time_fn(lambda: x @ x, **FAST)
+    assert t.n_runs >= FAST["min_runs"]
+    assert len(t.times_ms) == t.n_runs
+    assert 0 < t.min_ms <= t.p25_ms <= t.median_ms <= t.p75_ms <= t.max_ms
+    assert t.iqr_ms == pytest.approx(t.p75_ms - t.p25_ms)
+    assert t.min_ms <= t.mean_ms <= t.max_ms
+    assert t.device == "cpu" and t.method == "torch-timer" and t.calls_per_run >= 1
+
+
+def test_sleep_of_2ms_measures_about_2ms():
+    t = bm.time_fn(lambda: time.sleep(0.002), **FAST)
+    assert 1.5 <= t.median_ms <= 50
+
+
+def test_slow_function_still_gets_min_runs_quickly():
+    start = time.perf_counter()
+    t = bm.time_fn(lambda: time.sleep(0.01), device="cpu", warmup=1, min_runs=4,
+                   max_time_s=0.001)
+    assert t.n_runs >= 4
+    assert time.perf_counter() - start < 2.0
+
+
+def test_time_fn_respects_callers_thread_setting():
+    before = torch.get_num_threads()
+    seen = []
+    try:
+        torch.set_num_threads(1)
+        bm.time_fn(lambda: seen.append(torch.get_num_threads()), **FAST)
+        assert set(seen) == {1}
+        assert torch.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_naive_time_fn_is_one_unsynchronised_sample():
+    t = bm.naive_time_fn(lambda: time.sleep(0.002), device="cpu")
+    assert t.n_runs == 1 and t.method == "naive-wall-clock"
+    assert t.median_ms >= 1.5
+
+
+def test_timing_from_times_statistics():
+    t = bm.Timing.from_times([4.0, 1.0, 3.0, 2.0, 100.0], device="cpu", method="x")
+    assert t.median_ms == 3.0 and t.min_ms == 1.0 and t.max_ms == 100.0
+    assert t.p25_ms == 2.0 and t.p75_ms == 4.0 and t.iqr_ms == 2.0
+    with pytest.raises(ValueError):
+        bm.Timing.from_times([], device="cpu", method="x")
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "exc", "name"),
+    [
+        ({"min_runs": 0}, ValueError, "min_runs"),
+        ({"min_runs": -3}, ValueError, "min_runs"),
+        ({"warmup": -1}, ValueError, "warmup"),
+        ({"max_time_s": 0}, ValueError, "max_time_s"),
+        ({"min_runs": 2.5}, TypeError, "min_runs"),
+        ({"device": "tpu9"}, ValueError, "device"),
+        ({"device": "not a device"}, ValueError, "device"),
+        ({"device": 3}, TypeError, "device"),
+    ],
+)
+def test_time_fn_rejects_bad_arguments(kwargs, exc, name):
+    with pytest.raises(exc, match=name):
+        bm.time_fn(lambda: None, **kwargs)
+
+
+def test_non_callable_fn_is_rejected():
+    for func in (bm.time_fn, bm.naive_time_fn, bm.peak_memory):
+        with pytest.raises(TypeError, match="fn"):
+            func(42)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU-only error")
+def test_cuda_requested_without_cuda_is_a_value_error():
+    with pytest.raises(ValueError, match="device"):
+        bm.time_fn(lambda: None, device="cuda")
+
+
+# --------------------------------------------------------------------------- #
+# peak_memory
+# --------------------------------------------------------------------------- #
+def test_peak_memory_of_a_known_tensor():
+    n = 2_000_000  # float32 -> 8 MB
+
+    def alloc():
+        return torch.ones(n)
+
+    m = bm.peak_memory(alloc, device="cpu")
+    assert m.method == "cpu-profiler-events"
+    assert 4 * n <= m.peak_bytes <= 4 * n + SLACK
+    assert m.net_bytes == pytest.approx(4 * n, abs=SLACK)  # returned: still alive
+
+
+def test_peak_memory_sequential_allocations_do_not_add_up():
+    def two_in_turn():
+        a = torch.ones(FOUR_MB // 4)
+        del a
+        b = torch.ones(FOUR_MB // 4)
+        del b
+
+    m = bm.peak_memory(two_in_turn, device="cpu")
+    assert FOUR_MB <= m.peak_bytes <= FOUR_MB + SLACK  # ~4 MB, not 8 MB
+    assert abs(m.net_bytes) <= SLACK
+
+
+def test_peak_memory_simultaneous_allocations_add_up():
+    def two_at_once():
+        a = torch.ones(FOUR_MB // 4)
+        b = torch.ones(FOUR_MB // 4)
+        return a, b
+
+    m = bm.peak_memory(two_at_once, device="cpu")
+    assert 2 * FOUR_MB <= m.peak_bytes <= 2 * FOUR_MB + SLACK
+
+
+def test_peak_memory_sees_temporaries_freed_inside_one_call():
+    x = torch.randn(500, 500)  # allocated before: not counted
+
+    def temp():
+        return (x @ x).sum()  # a 1 MB product, freed before returning
+
+    m = bm.peak_memory(temp, device="cpu")
+    assert 500 * 500 * 4 <= m.peak_bytes <= 500 * 500 * 4 + SLACK
+    assert m.net_bytes <= SLACK
+
+
+def test_peak_memory_rejects_bad_arguments():
+    with pytest.raises(ValueError, match="warmup"):
+        bm.peak_memory(lambda: None, device="cpu", warmup=-1)
+    with pytest.raises(ValueError, match="device"):
+        bm.peak_memory(lambda: None, device="gpu")
+
+
+# --------------------------------------------------------------------------- #
+# hardware_info, records, files, table
+# --------------------------------------------------------------------------- #
+def test_hardware_info_is_json_and_has_no_paths():
+    info = bm.hardware_info("cpu")
+    for key in ("device", "device_name", "num_threads", "torch", "cuda", "python", "os", "date"):
+        assert key in info
+    assert info["device"] == "cpu" and info["torch"] == torch.__version__
+    text = json.dumps(info)
+    assert str(REPO_ROOT) not in text and os.path.expanduser("~") not in text
+
+
+def _record(case: str, median: float, **params) -> bm.BenchRecord:
+    t = bm.Timing.from_times([median, median * 1.1], device="cpu", method="torch-timer")
+    mem = bm.MemoryStat(peak_bytes=3 * 2**20, net_bytes=2**20, device="cpu", method="m")
+    return bm.BenchRecord.from_measurements(
+        group="g", case=case, params=params, device="cpu", timing=t, memory=mem, reference="ref"
+    )
+
+
+def test_save_load_round_trip(tmp_path):
+    records = [
+        _record("ref", 1.0, seq_len=128, dtype=torch.float16, stage="fwd"),
+        _record("other", 2.0, seq_len=128, dtype=torch.float16, stage="fwd"),
+    ]
+    records[1].error = None
+    records[1].ratio = 2.0
+    hw = bm.hardware_info("cpu")
+    path = bm.save_results(records, tmp_path / "sub" / "r.json", hw)
+    raw = json.loads(path.read_text())
+    assert set(raw) >= {"hardware", "records"}
+    assert raw["records"][0]["params"]["dtype"] == "float16"
+    hardware, loaded = bm.load_results(path)
+    assert hardware == hw
+    assert [r.to_dict() for r in loaded] == [r.to_dict() for r in records]
+
+
+def test_load_results_rejects_other_json(tmp_path):
+    path = tmp_path / "x.json"
+    path.write_text("[1, 2]")
+    with pytest.raises(ValueError):
+        bm.load_results(path)
+
+
+def test_format_table_lists_cases():
+    recs = [_record("ref", 1.0, seq_len=64), _record("other", 2.0, seq_len=128)]
+    recs[0].ratio, recs[1].ratio = 1.0, 2.0
+    table = bm.format_table(recs)
+    assert "median ms" in table and "peak MiB" in table
+    assert "1.00 ref" in table and "2.00" in table and "3.00" in table
+    assert "seq_len=128" in table
+    assert bm.format_table([]) == "(no records)"
+
+
+# --------------------------------------------------------------------------- #
+# compare
+# --------------------------------------------------------------------------- #
+def test_compare_fills_ratios_relative_to_reference():
+    x = torch.randn(64, 64)
+
+    def broken():
+        raise RuntimeError("backend not available")
+
+    cases = {
+        "fast": lambda: x + 1,
+        "slow": lambda: time.sleep(0.002),
+        "extra": bm.Case(lambda: x * 2, {"backend": "mul"}),
+        "broken": broken,
+    }
+    records = bm.compare(cases, "fast", device="cpu", group="grp", params={"seq_len": 64},
+                         warmup=1, min_runs=3, max_time_s=0.01)
+    by_name = {r.case: r for r in records}
+    assert [r.case for r in records] == list(cases)
+    assert by_name["fast"].ratio == 1.0 and by_name["fast"].peak_ratio in (None, 1.0)
+    assert by_name["slow"].ratio > 1.0
+    assert all(r.reference == "fast" and r.group == "grp" for r in records)
+    assert by_name["extra"].params == {"seq_len": 64, "backend": "mul"}
+    assert by_name["fast"].peak_bytes is not None
+    assert by_name["broken"].error.startswith("RuntimeError")
+    assert by_name["broken"].median_ms is None and by_name["broken"].ratio is None
+    assert "broken" in bm.format_table(records)
+
+
+def test_compare_rounds_pool_samples():
+    records = bm.compare({"a": lambda: None}, "a", device="cpu", warmup=0, min_runs=3,
+                         max_time_s=0.005, rounds=2, measure_memory=False)
+    assert records[0].n_runs >= 6 and records[0].peak_bytes is None
+
+
+def test_compare_rejects_bad_arguments():
+    with pytest.raises(ValueError, match="reference"):
+        bm.compare({"a": lambda: None}, "b", device="cpu")
+    with pytest.raises(TypeError, match="callable"):
+        bm.compare({"a": 1}, "a", device="cpu")
+    with pytest.raises(ValueError, match="min_runs"):
+        bm.compare({"a": lambda: None}, "a", device="cpu", min_runs=0)
+
+    def boom():
+        raise RuntimeError("boom")
+
+    with pytest.raises(RuntimeError, match="boom"):
+        bm.compare({"a": boom}, "a", device="cpu", catch_errors=False, warmup=0)
+
+
+# --------------------------------------------------------------------------- #
+# Suite and CLI
+# --------------------------------------------------------------------------- #
+def test_default_suite_entries():
+    args = bm._finish_args(bm.build_parser().parse_args(["--quick", "--device", "cpu",
+                                                          "--lengths", "16",
+                                                          "--passes", "fwd", "fwd+bwd"]))
+    entries = list(bm.default_suite(args))
+    assert [e.params["pass"] for e in entries] == ["fwd", "fwd+bwd"]
+    for entry in entries:
+        assert entry.reference in entry.cases
+        ref_out = entry.cases["sdpa"]()
+        naive_out = entry.cases["naive"]()
+        # Both implement the same causal attention (fwd: output; fwd+bwd: grads).
+        if isinstance(ref_out, torch.Tensor):
+            ref_out, naive_out = (ref_out,), (naive_out,)
+        for a, b in zip(ref_out, naive_out, strict=True):
+            torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4)
+
+
+def test_cli_quick_writes_json(tmp_path):
+    out = tmp_path / "results.json"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+        p for p in (str(REPO_ROOT), os.environ.get("PYTHONPATH")) if p)}
+    proc = subprocess.run(
+        [sys.executable, "-m", "tutorial_pkg.benchmark", "--quick", "--device", "cpu",
+         "--lengths", "32", "64", "--no-progress", "--out", str(out)],
+        capture_output=True, text=True, env=env, cwd=tmp_path, timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "median ms" in proc.stdout
+    data = json.loads(out.read_text())
+    assert data["hardware"]["device"] == "cpu"
+    assert len(data["records"]) == 4
+    assert {r["case"] for r in data["records"]} == {"sdpa", "naive"}
+    assert all(r["ratio"] is not None for r in data["records"])
+
+
+def test_cli_custom_suite_hook(tmp_path, capsys):
+    def suite(args: argparse.Namespace):
+        yield bm.SuiteEntry("tiny", {"ref": lambda: None, "b": lambda: None}, "ref", {"n": 1})
+
+    out = tmp_path / "r.json"
+    assert bm.main(["--quick", "--device", "cpu", "--no-progress", "--no-memory",
+                    "--out", str(out)], suite=suite) == 0
+    hardware, records = bm.load_results(out)
+    assert [r.case for r in records] == ["ref", "b"] and records[0].ratio == 1.0
+    assert "tiny" in capsys.readouterr().out
+
+
+def test_cli_rejects_bad_suite_spec():
+    with pytest.raises(SystemExit):
+        bm.main(["--quick", "--device", "cpu", "--suite", "no_colon_here"])
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_cuda_events_and_memory():
+    x = torch.randn(1024, 1024, device="cuda")
+    t = bm.time_fn(lambda: x @ x, device="cuda", warmup=2, min_runs=5, max_time_s=0.05)
+    assert t.method == "cuda-events" and t.n_runs >= 5 and t.min_ms > 0
+    m = bm.peak_memory(lambda: torch.empty(2**20, device="cuda"), device="cuda")
+    assert 4 * 2**20 <= m.peak_bytes <= 4 * 2**20 + 2**20

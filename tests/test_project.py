@@ -1,0 +1,105 @@
+"""The project's own files agree with each other (README, environment.yml, pyproject, CI)."""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+ROOT = Path(__file__).resolve().parents[1]
+CONDA_TO_PYPI = {"pytorch": "torch"}
+
+
+def _name(requirement: str) -> str:
+    """Distribution name of a requirement string, normalised (PEP 503)."""
+    name = re.split(r"[\s<>=!~;\[@]", requirement.strip(), maxsplit=1)[0]
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def _pyproject():
+    return tomllib.loads((ROOT / "pyproject.toml").read_text())
+
+
+def test_environment_yml_names_the_same_packages_as_pyproject():
+    project = _pyproject()["project"]
+    wanted = {_name(r) for r in project["dependencies"]}
+    for extra in ("test", "book", "dev"):
+        wanted |= {_name(r) for r in project["optional-dependencies"][extra]}
+    wanted.discard("tutorial-pkg")  # the extras refer to the package itself
+
+    env = yaml.safe_load((ROOT / "environment.yml").read_text())
+    conda, pip = set(), set()
+    for dep in env["dependencies"]:
+        if isinstance(dep, dict):
+            pip |= {_name(r) for r in dep["pip"] if not r.startswith("-e")}
+            assert any(r.startswith("-e .") for r in dep["pip"]), "environment.yml must pip install the package"
+        else:
+            conda.add(CONDA_TO_PYPI.get(_name(dep), _name(dep)))
+    named = (conda | pip) - {"python", "pip"}
+    assert named == wanted, f"only in environment.yml: {named - wanted}; only in pyproject: {wanted - named}"
+
+
+def test_environment_yml_version_bounds_match_pyproject():
+    project = _pyproject()["project"]
+    reqs = project["dependencies"] + [
+        r for extra in project["optional-dependencies"].values() for r in extra
+    ]
+    bounds = {_name(r): re.sub(r"\s", "", r[len(_name(r)):]) for r in reqs if "tutorial" not in r}
+    env = yaml.safe_load((ROOT / "environment.yml").read_text())
+    for dep in env["dependencies"]:
+        if isinstance(dep, str) and _name(dep) not in ("python", "pip"):
+            name = CONDA_TO_PYPI.get(_name(dep), _name(dep))
+            spec = dep[len(_name(dep)):].replace(" ", "")
+            assert spec == bounds[name].split(";")[0], f"{name}: conda {spec!r} vs pip {bounds[name]!r}"
+
+
+def test_readme_has_exactly_two_commands_and_ci_calls_the_test_one():
+    readme = (ROOT / "README.md").read_text()
+    block = re.search(r"## Two commands.*?```bash\n(.*?)```", readme, re.S).group(1)
+    commands = [line.split("#")[0].strip() for line in block.splitlines() if line.strip()]
+    assert commands == ["make book", "make test"]
+    ci = (ROOT / ".ci" / "run").read_text()
+    assert re.search(r"^make test$", ci, re.M), ".ci/run must call the README's test command"
+
+
+def test_readme_snippet_runs():
+    readme = (ROOT / "README.md").read_text()
+    snippet = re.search(r"<!-- readme-snippet.*?-->\n```python\n(.*?)```", readme, re.S).group(1)
+    exec(compile(snippet, "README.md", "exec"), {})  # the asserts inside must hold
+
+
+def test_colab_cells_install_from_the_configured_repository():
+    url = yaml.safe_load((ROOT / "_config.yml").read_text())["repository"]["url"]
+    notebooks = sorted((ROOT / "book").glob("*.ipynb"))
+    assert notebooks, "no chapters found"
+    for nb_path in notebooks:
+        nb = json.loads(nb_path.read_text())
+        first = "".join(next(c for c in nb["cells"] if c["cell_type"] == "code")["source"])
+        assert "google.colab" in first, f"{nb_path.name}: first code cell must be the Colab install"
+        assert f"git+{url}" in first, f"{nb_path.name}: Colab cell must install from {url}"
+
+
+def test_toc_lists_existing_files_and_every_chapter():
+    toc = yaml.safe_load((ROOT / "_toc.yml").read_text())
+    files = [toc["root"]] + [c["file"] for c in toc["chapters"]]
+    for f in files:
+        assert any((ROOT / f"{f}{ext}").exists() for ext in (".md", ".ipynb")), f
+    chapters = {p.stem for p in (ROOT / "book").glob("[0-9][0-9]_*.*")}
+    assert chapters <= {Path(f).name for f in files}, "a chapter is missing from _toc.yml"
+
+
+@pytest.mark.parametrize("key", ["only_build_toc_files"])
+def test_book_config_builds_only_the_toc(key):
+    config = yaml.safe_load((ROOT / "_config.yml").read_text())
+    assert config[key] is True
+    for excluded in ("_build", ".venv", "tests", "tutorial_pkg"):
+        assert excluded in config["exclude_patterns"]

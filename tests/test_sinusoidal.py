@@ -1,0 +1,121 @@
+"""Tests of tutorial_pkg.sinusoidal: the table of Vaswani et al. (2017) and its module."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from tutorial_pkg.sinusoidal import (
+    SinusoidalPositionalEmbedding,
+    sinusoidal_frequencies,
+    sinusoidal_table,
+)
+
+
+def paper_table(n_pos: int, dim: int, base: float = 10000.0) -> torch.Tensor:
+    """PE(p, 2i) = sin(p / base^(2i/d)), PE(p, 2i+1) = cos(p / base^(2i/d)), element by element."""
+    rows = []
+    for p in range(n_pos):
+        row = []
+        for i in range(dim // 2):
+            angle = p / base ** (2 * i / dim)
+            row += [math.sin(angle), math.cos(angle)]
+        rows.append(row)
+    return torch.tensor(rows, dtype=torch.float64)
+
+
+@pytest.mark.parametrize("dim, base", [(2, 10000.0), (16, 10000.0), (10, 100.0)])
+def test_table_equals_paper_formula(dim, base):
+    table = sinusoidal_table(40, dim, base, dtype=torch.float64)
+    assert table.shape == (40, dim)
+    torch.testing.assert_close(table, paper_table(40, dim, base), rtol=0, atol=1e-12)
+
+
+def test_default_dtype_is_float32_and_positions_tensor_matches_length():
+    table = sinusoidal_table(8, 6)
+    assert table.dtype == torch.float32
+    torch.testing.assert_close(sinusoidal_table(torch.arange(8), 6), table)
+    picked = torch.tensor([5, 0, 7])
+    torch.testing.assert_close(sinusoidal_table(picked, 6), table[picked])
+
+
+def test_frequencies():
+    omega = sinusoidal_frequencies(8, 10000.0)
+    assert omega.dtype == torch.float64
+    expected = torch.tensor([10000.0 ** (-2 * i / 8) for i in range(4)], dtype=torch.float64)
+    torch.testing.assert_close(omega, expected)
+    assert omega[0] == 1.0 and bool((omega.diff() < 0).all())
+
+
+def test_large_positions_stay_accurate():
+    # angles are formed in float64, so p = 10**6 still gives the right sin/cos
+    p = 10**6
+    table = sinusoidal_table(torch.tensor([p]), 4, dtype=torch.float64)[0]
+    expected = torch.tensor(
+        [math.sin(p), math.cos(p), math.sin(p / 100.0), math.cos(p / 100.0)], dtype=torch.float64
+    )
+    torch.testing.assert_close(table, expected, rtol=0, atol=1e-9)
+
+
+def rotation_matrix(k: int, dim: int, base: float = 10000.0) -> torch.Tensor:
+    """Block-diagonal M_k with PE(p + k) = M_k PE(p): one 2x2 rotation per frequency."""
+    m = torch.zeros(dim, dim, dtype=torch.float64)
+    for i, w in enumerate(sinusoidal_frequencies(dim, base).tolist()):
+        c, s = math.cos(k * w), math.sin(k * w)
+        # [sin(a+b), cos(a+b)] = [[cos b, sin b], [-sin b, cos b]] @ [sin a, cos a]
+        m[2 * i : 2 * i + 2, 2 * i : 2 * i + 2] = torch.tensor([[c, s], [-s, c]], dtype=m.dtype)
+    return m
+
+
+@pytest.mark.parametrize("k", [1, 3, 17, 250])
+def test_shift_is_a_block_diagonal_rotation_independent_of_position(k):
+    dim = 12
+    table = sinusoidal_table(300, dim, dtype=torch.float64)
+    m_k = rotation_matrix(k, dim)
+    # the same M_k maps every PE(p) to PE(p + k) ...
+    shifted = table[: 300 - k] @ m_k.T
+    torch.testing.assert_close(shifted, table[k:], rtol=0, atol=1e-10)
+    # ... and it is a rotation: orthogonal with determinant 1
+    torch.testing.assert_close(m_k @ m_k.T, torch.eye(dim, dtype=torch.float64))
+    assert torch.linalg.det(m_k).item() == pytest.approx(1.0)
+
+
+def test_dot_product_depends_only_on_offset():
+    table = sinusoidal_table(200, 16, dtype=torch.float64)
+    dots = table @ table.T
+    for k in (0, 1, 5, 40):
+        diag = torch.diagonal(dots, offset=k)
+        torch.testing.assert_close(diag, diag[0].expand_as(diag), rtol=0, atol=1e-10)
+
+
+def test_module_adds_table_at_offsets_and_positions():
+    pe = SinusoidalPositionalEmbedding(8)
+    x = torch.randn(2, 5, 8)
+    table = sinusoidal_table(20, 8)
+    torch.testing.assert_close(pe(x), x + table[:5])
+    torch.testing.assert_close(pe(x, offset=7), x + table[7:12])
+    positions = torch.tensor([3, 1, 4, 1, 5])
+    torch.testing.assert_close(pe(x, positions), x + table[positions])
+
+
+def test_module_cache_grows_on_demand_and_is_not_saved():
+    pe = SinusoidalPositionalEmbedding(4)
+    assert pe.table.shape == (0, 4)
+    x = torch.zeros(1, 3, 4)
+    pe(x)
+    first = pe.table.shape[0]
+    assert first >= 3
+    out = pe(x, offset=5000)  # far past the cached rows: the table grows
+    assert pe.table.shape[0] >= 5003
+    torch.testing.assert_close(out[0], sinusoidal_table(torch.arange(5000, 5003), 4))
+    assert len(pe.state_dict()) == 0
+
+
+def test_module_keeps_input_dtype():
+    pe = SinusoidalPositionalEmbedding(8)
+    x = torch.randn(1, 4, 8, dtype=torch.bfloat16)
+    out = pe(x)
+    assert out.dtype == torch.bfloat16
+    torch.testing.assert_close(out, x + sinusoidal_table(4, 8).to(torch.bfloat16))
