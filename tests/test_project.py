@@ -41,11 +41,11 @@ def test_environment_yml_names_the_same_packages_as_pyproject():
     for dep in env["dependencies"]:
         if isinstance(dep, dict):
             pip |= {_name(r) for r in dep["pip"] if not r.startswith("-e")}
-            assert any(r.startswith("-e .") for r in dep["pip"]), "environment.yml must pip install the package"
+            assert any(r.startswith("-e .") for r in dep["pip"]), "pip install the package"
         else:
             conda.add(CONDA_TO_PYPI.get(_name(dep), _name(dep)))
     named = (conda | pip) - {"python", "pip"}
-    assert named == wanted, f"only in environment.yml: {named - wanted}; only in pyproject: {wanted - named}"
+    assert named == wanted, f"env only: {named - wanted}; pyproject only: {wanted - named}"
 
 
 def test_environment_yml_version_bounds_match_pyproject():
@@ -59,7 +59,8 @@ def test_environment_yml_version_bounds_match_pyproject():
         if isinstance(dep, str) and _name(dep) not in ("python", "pip"):
             name = CONDA_TO_PYPI.get(_name(dep), _name(dep))
             spec = dep[len(_name(dep)):].replace(" ", "")
-            assert spec == bounds[name].split(";")[0], f"{name}: conda {spec!r} vs pip {bounds[name]!r}"
+            pip_spec = bounds[name].split(";")[0]
+            assert spec == pip_spec, f"{name}: conda {spec!r} vs pip {pip_spec!r}"
 
 
 def test_readme_has_exactly_two_commands_and_ci_calls_the_test_one():
