@@ -29,6 +29,7 @@ from ._checks import as_positions, check_choice, check_positive_int
 
 __all__ = ["ALIBI_MODES", "alibi_slopes", "alibi_bias", "alibi_score_mod"]
 
+#: The forms of the ALiBi bias (see the module docs).
 ALIBI_MODES = ("causal", "key_only", "symmetric")
 
 

@@ -40,6 +40,7 @@ __all__ = [
     "TransformerBlock",
 ]
 
+#: Attention backends, see the module docs.
 BACKENDS = ("naive", "sdpa", "flex")
 
 try:  # FlexAttention: torch >= 2.5

@@ -33,7 +33,7 @@ from ._checks import (
     check_positive_int,
 )
 from .alibi import ALIBI_MODES, alibi_bias, alibi_score_mod, alibi_slopes
-from .rope import LAYOUTS, RotaryEmbedding
+from .rope import RotaryEmbedding
 from .sinusoidal import SinusoidalPositionalEmbedding
 
 __all__ = [
@@ -390,6 +390,3 @@ def make_encoding(
         return ALiBi(need("n_heads", n_heads), **kwargs)
     return Hybrid(need("head_dim", head_dim), need("n_heads", n_heads), **kwargs)
 
-
-# Keep the layouts visible from this module for readers of the registry.
-ROTARY_LAYOUTS = LAYOUTS
