@@ -14,6 +14,16 @@ from tutorial_pkg.sinusoidal import (
 )
 
 
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    """Tiny tensors: one intra-op thread is faster and immune to a busy machine's other jobs."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+
 def paper_table(n_pos: int, dim: int, base: float = 10000.0) -> torch.Tensor:
     """PE(p, 2i) = sin(p / base^(2i/d)), PE(p, 2i+1) = cos(p / base^(2i/d)), element by element."""
     rows = []

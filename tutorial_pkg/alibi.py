@@ -16,7 +16,8 @@ Three forms of the bias, ``i`` the query position and ``j`` the key position:
   so use it in float32 only.
 * ``"symmetric"``: ``-m |i - j|`` (encoders, bidirectional attention).
 
-The bias is always float32.
+The bias is always float32 (float64 when the slopes are float64, e.g. for gradcheck),
+whatever the dtype of q and k.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ import math
 
 import torch
 
-from ._checks import as_positions, check_choice, check_positive_int
+from ._checks import as_positions, check_choice, check_nonneg_int, check_positive_int
 
 __all__ = ["ALIBI_MODES", "alibi_slopes", "alibi_bias", "alibi_score_mod"]
 
@@ -70,7 +71,8 @@ def _as_slopes(slopes) -> torch.Tensor:
             "slopes must be an int head count or a 1-D tensor (n_heads,), got "
             f"{type(slopes).__name__}"
         )
-    return slopes.float()
+    # at least float32: half-precision slopes are upcast, float64 ones kept (gradcheck)
+    return slopes.to(torch.promote_types(slopes.dtype, torch.float32))
 
 
 def alibi_bias(slopes, q_pos, k_pos=None, *, mode: str = "causal") -> torch.Tensor:
@@ -85,7 +87,8 @@ def alibi_bias(slopes, q_pos, k_pos=None, *, mode: str = "causal") -> torch.Tens
         mode: ``"causal"``, ``"key_only"`` or ``"symmetric"`` (see module docs).
 
     Returns:
-        float32 tensor ``(H, L_q, L_k)``; no mask is applied (attention masks).
+        float32 tensor ``(H, L_q, L_k)`` (float64 for float64 slopes); no mask is
+        applied (attention masks).
 
     Example:
         >>> alibi_bias(torch.tensor([0.5]), 3)[0]
@@ -99,8 +102,8 @@ def alibi_bias(slopes, q_pos, k_pos=None, *, mode: str = "causal") -> torch.Tens
     k = q if k_pos is None else as_positions("k_pos", k_pos, device=slopes.device)
     m = slopes[:, None, None]
     if mode == "key_only":
-        return m * k.float()[None, None, :]
-    distance = (q[:, None] - k[None, :]).float()  # i - j, exact integers in fp32 up to 2**24
+        return m * k.to(m.dtype)[None, None, :]
+    distance = (q[:, None] - k[None, :]).to(m.dtype)  # i - j, exact in fp32 up to 2**24
     if mode == "symmetric":
         distance = distance.abs()
     return -m * distance + 0.0  # + 0.0 turns -0.0 (on the diagonal) into 0.0 for display
@@ -118,6 +121,7 @@ def alibi_score_mod(slopes: torch.Tensor, *, mode: str = "causal", q_offset: int
         ``score_mod(score, b, h, q_idx, kv_idx) -> score + bias``.
     """
     check_choice("mode", mode, ALIBI_MODES)
+    check_nonneg_int("q_offset", q_offset)
     slopes = _as_slopes(slopes)
 
     if mode == "key_only":

@@ -2,8 +2,9 @@
 
 Backends (all agree with ``"naive"`` to tolerance, tested for every encoding):
 
-* ``"naive"``: matmul, softmax, matmul, in float32. The textbook form and the
-  test oracle; it materialises the ``(b, H, L_q, L_k)`` scores.
+* ``"naive"``: matmul, softmax, matmul, in float32 (float64 for float64 inputs).
+  The textbook form and the test oracle; it materialises the ``(b, H, L_q, L_k)``
+  scores.
 * ``"sdpa"``: :func:`torch.nn.functional.scaled_dot_product_attention`. Without a
   bias it uses ``is_causal=True`` (nothing ``L x L`` is built). With ALiBi/hybrid
   it passes the encoding's cached 4-D bias ``(1, H, L_q, L_k)``: a 3-D float
@@ -284,7 +285,7 @@ class MultiHeadAttention(nn.Module):
         if allowed is None:
             return out
         has_key = allowed.any(dim=-1, keepdim=True)
-        return out * has_key.to(out.dtype)
+        return torch.where(has_key, out, torch.zeros((), dtype=out.dtype, device=out.device))
 
     def _repeat_kv(self, t):
         rep = self.n_heads // self.n_kv_heads
@@ -293,7 +294,9 @@ class MultiHeadAttention(nn.Module):
     # ----------------------------------------------------------------------------- naive
     def _naive(self, q, k, v, q_pos, k_pos, pad):
         k, v = self._repeat_kv(k), self._repeat_kv(v)
-        scores = (q.float() @ k.float().transpose(-2, -1)) / math.sqrt(self.head_dim)
+        # at least float32 (half inputs are upcast); float64 stays float64 (gradcheck)
+        dt = torch.promote_types(q.dtype, torch.float32)
+        scores = (q.to(dt) @ k.to(dt).transpose(-2, -1)) / math.sqrt(self.head_dim)
         bias = self.encoding.bias(q_pos, k_pos)
         if bias is not None:
             scores = scores + bias
@@ -305,7 +308,7 @@ class MultiHeadAttention(nn.Module):
         weights = self._zero_empty_rows(weights, allowed)
         if self.training and self.dropout:
             weights = F.dropout(weights, self.dropout)
-        return (weights @ v.float()).to(q.dtype), weights
+        return (weights @ v.to(dt)).to(q.dtype), weights
 
     # ----------------------------------------------------------------------------- sdpa
     def _sdpa(self, q, k, v, q_pos, k_pos, pad, start):

@@ -20,6 +20,7 @@ position ``t``.
 
 from __future__ import annotations
 
+import contextlib
 from typing import ClassVar
 
 import torch
@@ -112,7 +113,8 @@ class PositionEncoding(nn.Module):
         return table[:, :, q_start : q_start + q_len, :k_len]
 
     def _masked_bias(self, q_pos, k_pos, causal, dtype):
-        with torch.no_grad() if self.static_bias else torch.enable_grad():
+        # A static bias is a cached constant: never record a graph for it.
+        with torch.no_grad() if self.static_bias else contextlib.nullcontext():
             bias = self.bias(q_pos, k_pos)
             bias = bias.expand(-1, q_pos.numel(), -1)
             if causal:

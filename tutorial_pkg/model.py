@@ -85,7 +85,13 @@ class TinyLM(nn.Module):
                 for _ in range(n_layers)
             )
             self.norm = nn.LayerNorm(d_model)
-            self.apply(self._init_weights)
+            # Skip the encoding (a child of every attention layer): a learned table was
+            # initialised on the forked RNG above; re-drawing it here would shift this
+            # stream and give the learned model different block weights.
+            own = {id(m) for m in encoding.modules()}
+            for module in self.modules():
+                if id(module) not in own:
+                    self._init_weights(module)
         finally:
             torch.random.set_rng_state(generator_state)
         self.encoding = encoding
@@ -154,6 +160,12 @@ class TinyLM(nn.Module):
             layer: block index (negative counts from the end).
         """
         self._check_ids(ids)
+        if isinstance(layer, bool) or not isinstance(layer, int) or not (
+            -self.n_layers <= layer < self.n_layers
+        ):
+            raise ValueError(
+                f"layer must be an int in [-{self.n_layers}, {self.n_layers}), got {layer!r}"
+            )
         layer = range(self.n_layers)[layer]
         pos = torch.arange(ids.shape[1], device=ids.device)
         x = self.encoding.embed(self.tok_emb(ids.long()), pos)

@@ -228,6 +228,7 @@ def apply_rope(
     Returns:
         Tensor of ``x``'s shape and dtype.
     """
+    check_float_tensor("x", x)  # an integer x would silently truncate cos/sin to 0/1
     half = cos.shape[-1]
     rot = 2 * half
     if rot > x.shape[-1]:

@@ -1,0 +1,325 @@
+"""Tests of tutorial_pkg.attention: backends agree, masking, KV cache, gradients, compile.
+
+Sizes are tiny (CPU, 2 cores). FlexAttention runs eagerly (``compile_flex=False``)
+except in one test, which compiles it for one small shape.
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+from unittest import mock
+
+import pytest
+import torch
+from torch import nn
+
+from tutorial_pkg import attention
+from tutorial_pkg.attention import KVCache, MultiHeadAttention, TransformerBlock
+from tutorial_pkg.encodings import ALiBi, Hybrid, make_encoding
+
+D_MODEL, N_HEADS, N_KV, SEQ = 32, 4, 2, 8
+ENCODINGS = [
+    "nope", "sinusoidal", "learned", "rope", "alibi", "hybrid", "hybrid_alpha",
+    "hybrid_learnable",
+]
+HAS_FLEX = attention.flex_available()[0]
+# Set TUTORIAL_PKG_SKIP_SLOW=1 to skip the torch.compile test (inductor codegen, ~5-15 s).
+slow = pytest.mark.skipif(os.environ.get("TUTORIAL_PKG_SKIP_SLOW") == "1",
+                          reason="TUTORIAL_PKG_SKIP_SLOW=1")
+needs_flex = pytest.mark.skipif(not HAS_FLEX, reason="FlexAttention unavailable")
+
+pytestmark = [
+    pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile"),
+    pytest.mark.filterwarnings("ignore:flex backend falls back to sdpa"),
+    pytest.mark.filterwarnings("ignore:`torch.jit.script_method` is deprecated"),
+]
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    """Tiny tensors: one intra-op thread is faster and immune to a busy machine's other jobs."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+
+def build_encoding(key: str, causal: bool = True, d_model=D_MODEL, n_heads=N_HEADS):
+    """An encoding by test key; non-causal attention gets the symmetric ALiBi form."""
+    mode = "causal" if causal else "symmetric"
+    kw = {"d_model": d_model, "n_heads": n_heads}
+    if key == "learned":
+        return make_encoding("learned", max_len=64, **kw)
+    if key == "alibi":
+        return make_encoding("alibi", mode=mode, **kw)
+    if key.startswith("hybrid"):
+        extra = {"hybrid_alpha": {"mix": "alpha", "alpha": 0.3},
+                 "hybrid_learnable": {"learnable_scale": True}}.get(key, {})
+        enc = make_encoding("hybrid", mode=mode, **kw, **extra)
+        if key == "hybrid_learnable":
+            with torch.no_grad():  # away from the initial value, so the scale matters
+                enc.log_scale.copy_(torch.linspace(-0.5, 0.7, n_heads))
+        return enc
+    return make_encoding(key, **kw)
+
+
+class Tiny(nn.Module):
+    """``encoding.embed`` then one attention layer: every hook of the encoding is used."""
+
+    def __init__(self, key, backend="naive", causal=True, n_kv_heads=None, d_model=D_MODEL,
+                 n_heads=N_HEADS, compile_flex=False):
+        super().__init__()
+        self.enc = build_encoding(key, causal, d_model, n_heads)
+        self.attn = MultiHeadAttention(d_model, n_heads, self.enc, causal=causal,
+                                       backend=backend, n_kv_heads=n_kv_heads,
+                                       compile_flex=compile_flex)
+
+    def forward(self, x, key_padding_mask=None):
+        h = self.enc.embed(x, torch.arange(x.shape[1]))
+        return self.attn(h, key_padding_mask=key_padding_mask)
+
+
+def padding(b=2, s=SEQ):
+    """Right padding in row 0; left padding in row 1 (its first queries see no key)."""
+    pad = torch.zeros(b, s, dtype=torch.bool)
+    pad[0, -2:] = True
+    pad[1, :3] = True
+    return pad
+
+
+def inputs(seed=0, b=2, s=SEQ, d=D_MODEL, dtype=torch.float32):
+    return torch.randn(b, s, d, generator=torch.Generator().manual_seed(seed)).to(dtype)
+
+
+def compare_backend(key, backend, causal, use_pad, gqa, compile_flex=False):
+    torch.manual_seed(0)
+    model = Tiny(key, "naive", causal, N_KV if gqa else None, compile_flex=compile_flex)
+    x = inputs(1)
+    pad = padding() if use_pad else None
+    with torch.no_grad():
+        expected = model(x, pad)
+        model.attn.backend = backend
+        # the backend must really run, not fall back to sdpa
+        with mock.patch.object(attention, "_warn_once", side_effect=AssertionError):
+            got = model(x, pad)
+    assert torch.isfinite(got).all()
+    torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-5)
+    if use_pad and causal:  # queries 0..2 of row 1 have no key left: zeros
+        assert got[1, :3].abs().max() == 0
+
+
+# --------------------------------------------------------------------------- backends
+@pytest.mark.parametrize("gqa", [False, True], ids=["mha", "gqa"])
+@pytest.mark.parametrize("use_pad", [False, True], ids=["nopad", "pad"])
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "bidir"])
+@pytest.mark.parametrize("key", ENCODINGS)
+def test_sdpa_equals_naive(key, causal, use_pad, gqa):
+    compare_backend(key, "sdpa", causal, use_pad, gqa)
+
+
+@needs_flex
+@pytest.mark.parametrize("use_pad, gqa", [(False, False), (True, True)], ids=["plain", "pad-gqa"])
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "bidir"])
+@pytest.mark.parametrize("key", ENCODINGS)
+def test_flex_equals_naive(key, causal, use_pad, gqa):
+    compare_backend(key, "flex", causal, use_pad, gqa)
+
+
+@needs_flex
+def test_compiled_flex_equals_naive():
+    # the default fast path (compile_flex=True), one small shape only: compiling is slow
+    compare_backend("alibi", "flex", causal=True, use_pad=False, gqa=False, compile_flex=True)
+
+
+@needs_flex
+def test_flex_falls_back_to_sdpa_with_a_warning_under_grad(monkeypatch):
+    monkeypatch.setattr(attention, "_warned", set())
+    model = Tiny("alibi", "flex")
+    x = inputs(2)
+    with pytest.warns(RuntimeWarning, match="falls back to sdpa"):
+        out = model(x)
+    out.sum().backward()
+    model.attn.backend = "naive"
+    torch.testing.assert_close(out, model(x), rtol=1e-4, atol=1e-5)
+
+
+def test_return_weights_are_a_causal_distribution():
+    model = Tiny("alibi", "sdpa")
+    h = model.enc.embed(inputs(3), torch.arange(SEQ))
+    out, weights = model.attn(h, return_weights=True)
+    assert weights.shape == (2, N_HEADS, SEQ, SEQ)
+    torch.testing.assert_close(weights.sum(-1), torch.ones(2, N_HEADS, SEQ))
+    assert weights.triu(1).abs().max() == 0
+    torch.testing.assert_close(out, model.attn(h), rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("key", ["nope", "alibi", "hybrid"])
+def test_explicit_positions_equal_default_positions(key):
+    model = Tiny(key, "sdpa")
+    x = inputs(4)
+    pad = padding()
+    with torch.no_grad():
+        default = model.attn(x, key_padding_mask=pad)
+        explicit = model.attn(x, positions=torch.arange(SEQ), key_padding_mask=pad)
+    torch.testing.assert_close(explicit, default)
+
+
+# --------------------------------------------------------------------------- masking
+BACKENDS = ["naive", "sdpa", pytest.param("flex", marks=needs_flex)]
+
+
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "bidir"])
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("key", ENCODINGS)
+def test_fully_masked_rows_give_zeros_not_nan(key, backend, causal):
+    model = Tiny(key, backend, causal)
+    x = inputs(5)
+    pad = torch.zeros(2, SEQ, dtype=torch.bool)
+    pad[1] = True  # every key of sequence 1 is padding
+    with torch.no_grad():
+        out = model(x, pad)
+    assert torch.isfinite(out).all()
+    assert out[1].abs().max() == 0  # no key: zero attention output (projections have no bias)
+    assert out[0].abs().max() > 0
+    if backend == "flex":
+        return  # flex has no CPU backward (falls back to sdpa, tested there)
+    x.requires_grad_(True)
+    model(x, pad).square().sum().backward()
+    grads = [x.grad] + [p.grad for p in model.parameters() if p.requires_grad]
+    assert all(g is not None and torch.isfinite(g).all() for g in grads)
+
+
+def test_fully_masked_rows_in_float16_and_bfloat16():
+    x = inputs(6)
+    pad = torch.zeros(2, SEQ, dtype=torch.bool)
+    pad[1] = True
+    for dtype in (torch.float16, torch.bfloat16):
+        for backend in ("naive", "sdpa"):
+            model = Tiny("hybrid", backend).to(dtype)
+            with torch.no_grad():
+                out = model(x.to(dtype), pad)
+            assert out.dtype == dtype and torch.isfinite(out).all()
+            assert out[1].abs().max() == 0
+
+
+# --------------------------------------------------------------------------- KV cache
+class Stack(nn.Module):
+    """``encoding.embed`` at the input, then two blocks sharing the encoding."""
+
+    def __init__(self, key, backend, n_kv_heads=N_KV):
+        super().__init__()
+        self.enc = build_encoding(key)
+        self.blocks = nn.ModuleList(
+            TransformerBlock(D_MODEL, N_HEADS, self.enc, backend=backend, n_kv_heads=n_kv_heads,
+                             compile_flex=False)
+            for _ in range(2)
+        )
+
+    def forward(self, x, caches=None, start=0):
+        h = self.enc.embed(x, torch.arange(start, start + x.shape[1]))
+        for i, block in enumerate(self.blocks):
+            h = block(h, kv_cache=None if caches is None else caches[i])
+        return h
+
+
+def decode(model, x, chunks):
+    caches = [KVCache() for _ in model.blocks]
+    outs, start = [], 0
+    for n in chunks:
+        outs.append(model(x[:, start : start + n], caches, start))
+        start += n
+    assert all(c.length == x.shape[1] for c in caches)
+    return torch.cat(outs, dim=1)
+
+
+@pytest.mark.parametrize("backend", ["naive", "sdpa"])
+@pytest.mark.parametrize("key", ENCODINGS)
+def test_kv_cache_decoding_equals_full_forward(key, backend):
+    torch.manual_seed(0)
+    model = Stack(key, backend).eval()
+    x = inputs(7)
+    with torch.no_grad():
+        full = model(x)
+        token_by_token = decode(model, x, [1] * SEQ)
+        chunked = decode(model, x, [3, 1, 4])
+    torch.testing.assert_close(token_by_token, full, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(chunked, full, rtol=1e-4, atol=1e-5)
+
+
+@needs_flex
+@pytest.mark.parametrize("key", ["alibi", "hybrid"])
+def test_kv_cache_chunks_with_flex(key):
+    # chunks of several queries at an offset exercise score_mod's q_offset and the mask
+    torch.manual_seed(0)
+    model = Stack(key, "flex").eval()
+    x = inputs(8)
+    with torch.no_grad():
+        full = model(x)
+        chunked = decode(model, x, [5, 3])
+    torch.testing.assert_close(chunked, full, rtol=1e-4, atol=1e-5)
+
+
+def test_kv_cache_update_and_reset():
+    cache = KVCache()
+    assert cache.length == 0
+    k = torch.zeros(1, 2, 3, 4)
+    cache.update(k, k, torch.arange(3))
+    all_k, _, pos = cache.update(k[:, :, :1], k[:, :, :1], torch.tensor([3]))
+    assert all_k.shape == (1, 2, 4, 4) and pos.tolist() == [0, 1, 2, 3]
+    with pytest.raises(ValueError, match="kv_cache"):
+        cache.update(torch.zeros(1, 3, 1, 4), torch.zeros(1, 3, 1, 4), torch.tensor([4]))
+    cache.reset()
+    assert cache.length == 0
+
+
+# --------------------------------------------------------------------------- gradients
+@pytest.mark.parametrize("backend", ["naive", "sdpa"])
+@pytest.mark.parametrize("key", ENCODINGS)
+def test_gradcheck_float64(key, backend):
+    torch.manual_seed(0)
+    model = Tiny(key, backend, n_kv_heads=1, d_model=8, n_heads=2).double()
+    x = torch.randn(1, 4, 8, dtype=torch.float64, requires_grad=True)
+    pad = torch.tensor([[True, False, False, False]])  # query 0 has no key: zero row
+    assert torch.autograd.gradcheck(lambda t: model(t, pad), (x,))
+    if key == "hybrid_learnable":
+        scale = model.enc.log_scale.detach().clone().requires_grad_(True)
+
+        def f(s):
+            return torch.func.functional_call(model, {"enc.log_scale": s}, (x.detach(),))
+
+        assert torch.autograd.gradcheck(f, (scale,))
+
+
+# --------------------------------------------------------------------------- compile
+@slow
+def test_torch_compile_transformer_block_matches_eager():
+    torch.manual_seed(0)
+    block = TransformerBlock(16, 2, make_encoding("rope", d_model=16, n_heads=2),
+                             backend="sdpa").eval()
+    x = inputs(9, s=6, d=16)
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        expected = block(x)
+        got = torch.compile(block)(x)
+    torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-5)
+
+
+# --------------------------------------------------------------------------- module
+def test_transformer_block_post_norm_and_shapes():
+    x = inputs(10)
+    for norm_first in (True, False):
+        block = TransformerBlock(D_MODEL, N_HEADS, ALiBi(N_HEADS), norm_first=norm_first)
+        out = block(x)
+        assert out.shape == x.shape and torch.isfinite(out).all()
+    post = TransformerBlock(D_MODEL, N_HEADS, norm_first=False)
+    out = post(x)  # post-norm: the output is layer-normed
+    torch.testing.assert_close(out.mean(-1), torch.zeros(2, SEQ), atol=1e-5, rtol=0)
+
+
+def test_gqa_has_fewer_key_value_parameters():
+    mha = MultiHeadAttention(D_MODEL, N_HEADS, Hybrid(D_MODEL // N_HEADS, N_HEADS),
+                             n_kv_heads=1)
+    assert mha.k_proj.weight.shape == (D_MODEL // N_HEADS, D_MODEL)
+    assert mha.q_proj.weight.shape == (D_MODEL, D_MODEL)

@@ -1,0 +1,219 @@
+"""Tests of tutorial_pkg.encodings: the hooks of every encoding, the registry, bias caching."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from tutorial_pkg import attention
+from tutorial_pkg.alibi import alibi_bias, alibi_slopes
+from tutorial_pkg.attention import MultiHeadAttention
+from tutorial_pkg.encodings import (
+    ENCODINGS,
+    ALiBi,
+    Hybrid,
+    Learned,
+    NoPE,
+    PositionEncoding,
+    Rotary,
+    Sinusoidal,
+    make_encoding,
+)
+from tutorial_pkg.rope import RotaryEmbedding
+from tutorial_pkg.sinusoidal import sinusoidal_table
+
+D_MODEL, N_HEADS, HEAD_DIM = 16, 4, 4
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    """Tiny tensors: one intra-op thread is faster and immune to a busy machine's other jobs."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+
+def randn(*shape, seed=0):
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed))
+
+
+def test_registry_names_and_classes():
+    assert set(ENCODINGS) == {"nope", "sinusoidal", "learned", "rope", "alibi", "hybrid"}
+    for name, cls in ENCODINGS.items():
+        assert cls.name == name and issubclass(cls, PositionEncoding)
+
+
+@pytest.mark.parametrize(
+    "name, cls, kwargs",
+    [
+        ("nope", NoPE, {}),
+        ("sinusoidal", Sinusoidal, {}),
+        ("learned", Learned, {"max_len": 32}),
+        ("rope", Rotary, {"base": 500000.0}),
+        ("alibi", ALiBi, {"mode": "symmetric"}),
+        ("hybrid", Hybrid, {"mix": "alpha", "alpha": 0.25}),
+    ],
+)
+def test_make_encoding_builds_each_class_from_model_sizes(name, cls, kwargs):
+    enc = make_encoding(name, d_model=D_MODEL, n_heads=N_HEADS, **kwargs)
+    assert type(enc) is cls
+    if name in ("rope", "hybrid"):
+        assert enc.rope.head_dim == HEAD_DIM  # derived as d_model // n_heads
+    if name == "rope":
+        assert enc.rope.base == 500000.0
+    if name in ("alibi", "hybrid"):
+        assert enc.n_heads == N_HEADS
+    if name == "learned":
+        assert enc.table.weight.shape == (32, D_MODEL)
+
+
+def test_has_bias_flags():
+    assert not NoPE().has_bias and not Rotary(8).has_bias and not Sinusoidal(8).has_bias
+    assert not Learned(8, 4).has_bias
+    assert ALiBi(4).has_bias and Hybrid(8, 4).has_bias
+
+
+def test_nope_hooks_are_identities():
+    enc = NoPE()
+    x, q, k = randn(2, 3, 8), randn(2, 4, 3, 2, seed=1), randn(2, 4, 3, 2, seed=2)
+    pos = torch.arange(3)
+    assert enc.embed(x, pos) is x
+    assert enc.rotate(q, k, pos, pos) == (q, k)
+    assert enc.bias(pos, pos) is None and enc.score_mod(0) is None
+
+
+def test_sinusoidal_and_learned_embed_add_their_tables():
+    x = randn(2, 5, 8)
+    pos = torch.arange(3, 8)
+    torch.testing.assert_close(Sinusoidal(8).embed(x, pos), x + sinusoidal_table(pos, 8))
+    learned = Learned(8, 16)
+    torch.testing.assert_close(learned.embed(x, pos), x + learned.table.weight[pos])
+    assert "table.weight" in learned.state_dict()
+
+
+def test_rotary_rotates_queries_and_keys_at_their_positions():
+    enc = Rotary(HEAD_DIM, layout="interleaved")
+    ref = RotaryEmbedding(HEAD_DIM, layout="interleaved")
+    q, k = randn(1, 4, 2, HEAD_DIM), randn(1, 2, 5, HEAD_DIM, seed=1)  # GQA: fewer key heads
+    q_pos, k_pos = torch.tensor([3, 4]), torch.arange(5)
+    rq, rk = enc.rotate(q, k, q_pos, k_pos)
+    torch.testing.assert_close(rq, ref.rotate(q, q_pos))
+    torch.testing.assert_close(rk, ref.rotate(k, k_pos))
+    assert enc.bias(q_pos, k_pos) is None
+
+
+@pytest.mark.parametrize("mode", ["causal", "key_only", "symmetric"])
+def test_alibi_bias_and_score_mod_hooks(mode):
+    enc = ALiBi(N_HEADS, mode=mode)
+    q_pos, k_pos = torch.arange(2, 5), torch.arange(5)
+    torch.testing.assert_close(enc.bias(q_pos, k_pos),
+                               alibi_bias(alibi_slopes(N_HEADS), q_pos, k_pos, mode=mode))
+    assert callable(enc.score_mod(2))
+    assert len(enc.state_dict()) == 0  # parameter-free, slopes not saved
+
+
+def attention_logits(enc, q, k, q_pos, k_pos):
+    """What attention computes from the hooks: rotated q.k / sqrt(d) plus the bias."""
+    rq, rk = enc.rotate(q, k, q_pos, k_pos)
+    logits = rq @ rk.transpose(-1, -2) / math.sqrt(q.shape[-1])
+    bias = enc.bias(q_pos, k_pos)
+    return logits if bias is None else logits + bias
+
+
+def test_hybrid_add_is_rope_plus_alibi():
+    q, k = randn(1, N_HEADS, 6, HEAD_DIM), randn(1, N_HEADS, 6, HEAD_DIM, seed=1)
+    pos = torch.arange(6)
+    rope_part = attention_logits(Rotary(HEAD_DIM), q, k, pos, pos)
+    expected = rope_part + alibi_bias(N_HEADS, 6)
+    torch.testing.assert_close(attention_logits(Hybrid(HEAD_DIM, N_HEADS), q, k, pos, pos),
+                               expected)
+
+
+def test_hybrid_alpha_reproduces_the_seed_formula():
+    alpha = 0.3
+    q, k = randn(1, N_HEADS, 6, HEAD_DIM), randn(1, N_HEADS, 6, HEAD_DIM, seed=1)
+    pos = torch.arange(6)
+    rope_scores = attention_logits(Rotary(HEAD_DIM), q, k, pos, pos)
+    expected = alpha * rope_scores + (1 - alpha) * alibi_bias(N_HEADS, 6)
+    enc = Hybrid(HEAD_DIM, N_HEADS, mix="alpha", alpha=alpha)
+    torch.testing.assert_close(attention_logits(enc, q, k, pos, pos), expected)
+
+
+def test_hybrid_learnable_scale_multiplies_slopes_and_gets_gradients():
+    enc = Hybrid(HEAD_DIM, N_HEADS, learnable_scale=True)
+    assert not enc.static_bias
+    torch.testing.assert_close(enc.effective_slopes(), alibi_slopes(N_HEADS))
+    with torch.no_grad():
+        enc.log_scale.copy_(torch.log(torch.tensor([1.0, 2.0, 0.5, 3.0])))
+    torch.testing.assert_close(enc.effective_slopes(),
+                               alibi_slopes(N_HEADS) * torch.tensor([1.0, 2.0, 0.5, 3.0]))
+    for backend in ("naive", "sdpa"):
+        enc.log_scale.grad = None
+        mha = MultiHeadAttention(D_MODEL, N_HEADS, enc, backend=backend)
+        mha(randn(2, 5, D_MODEL)).square().sum().backward()
+        grad = enc.log_scale.grad
+        assert grad is not None and torch.isfinite(grad).all() and grad.abs().sum() > 0
+        assert len(enc._bias_cache) == 0  # a learnable bias is never cached
+
+
+def test_attn_bias_is_a_cached_masked_4d_table():
+    enc = ALiBi(N_HEADS)
+    full = enc.attn_bias(0, 6, 6, causal=True, device="cpu")
+    assert full.shape == (1, N_HEADS, 6, 6) and full.dtype == torch.float32
+    future = torch.ones(6, 6, dtype=torch.bool).triu(1)
+    expected = alibi_bias(N_HEADS, 6).masked_fill(future, float("-inf"))
+    torch.testing.assert_close(full[0], expected)
+    assert len(enc._bias_cache) == 1
+    table = next(iter(enc._bias_cache.values()))
+    step = enc.attn_bias(5, 1, 6, causal=True, device="cpu")  # a decoding step: one row
+    torch.testing.assert_close(step, full[:, :, 5:6])
+    assert next(iter(enc._bias_cache.values())) is table  # sliced, not rebuilt
+    enc.attn_bias(0, 300, 300, causal=True, device="cpu")  # longer: grown once
+    assert next(iter(enc._bias_cache.values())).shape[-1] >= 300
+    enc.to(torch.float64)  # casts invalidate the cache
+    assert len(enc._bias_cache) == 0
+
+
+def test_sdpa_reuses_the_alibi_bias_and_passes_a_4d_mask(monkeypatch):
+    enc = ALiBi(N_HEADS)
+    mha = MultiHeadAttention(D_MODEL, N_HEADS, enc, backend="sdpa")
+    seen = []
+    real_sdpa = F.scaled_dot_product_attention
+
+    def recording_sdpa(q, k, v, attn_mask=None, **kwargs):
+        seen.append(None if attn_mask is None else tuple(attn_mask.shape))
+        return real_sdpa(q, k, v, attn_mask=attn_mask, **kwargs)
+
+    monkeypatch.setattr(attention.F, "scaled_dot_product_attention", recording_sdpa)
+    x = randn(2, 7, D_MODEL)
+    with torch.no_grad():
+        first = mha(x)
+        (table,) = enc._bias_cache.values()
+        ptr = table.data_ptr()
+        second = mha(x)
+    assert len(enc._bias_cache) == 1
+    (table_again,) = enc._bias_cache.values()
+    assert table_again.data_ptr() == ptr  # not rebuilt on the second call
+    torch.testing.assert_close(first, second)
+    assert seen == [(1, N_HEADS, 7, 7)] * 2  # 4-D: a 3-D float mask takes the slow path
+    # with key padding, the mask is still 4-D (batch, heads, L_q, L_k)
+    pad = torch.zeros(2, 7, dtype=torch.bool)
+    pad[1, :2] = True
+    with torch.no_grad():
+        mha(x, key_padding_mask=pad)
+    assert seen[-1] == (2, N_HEADS, 7, 7)
+    assert len(enc._bias_cache) == 1
+
+
+def test_bf16_model_keeps_rope_and_alibi_constants_in_float32():
+    enc = Hybrid(HEAD_DIM, N_HEADS).to(torch.bfloat16)
+    assert enc.slopes.dtype == torch.float32
+    assert enc.rope.inv_freq.dtype == torch.float32
+    bias = enc.bias(torch.arange(4), torch.arange(4))
+    assert bias.dtype == torch.float32
+    torch.testing.assert_close(bias, alibi_bias(N_HEADS, 4), rtol=0, atol=0)
