@@ -58,7 +58,7 @@ __all__ = [
     "RotaryEmbedding",
 ]
 
-#: RoPE pair layouts: "half" (Hugging Face rotate_half) and "interleaved" (Meta, complex).
+#: The RoPE pair layouts, "half" (Hugging Face rotate_half) and "interleaved" (Meta, complex).
 LAYOUTS = ("half", "interleaved")
 
 
