@@ -1,0 +1,259 @@
+"""Tests of tutorial_pkg.experiments: training, evaluation by length, scaling, records."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from tutorial_pkg import experiments
+from tutorial_pkg.data import load_splits
+from tutorial_pkg.experiments import (
+    ExperimentConfig,
+    build_model,
+    evaluate,
+    evaluation_blocks,
+    format_table,
+    position_limit,
+    run_extrapolation,
+    scaled_rope,
+    scaling_for,
+    train,
+    training_batches,
+)
+from tutorial_pkg.model import TinyLM
+
+NAMES = ["nope", "sinusoidal", "learned", "rope", "alibi", "hybrid"]
+TINY = ExperimentConfig(
+    d_model=32, n_layers=1, n_heads=2, train_len=16, steps=20, batch_size=8, lr=1e-2,
+    warmup=5, eval_multiples=(1, 2), eval_tokens=512, eval_batch_tokens=256, device="cpu",
+)
+KEYS = {
+    "encoding", "scaling", "factor", "train_len", "eval_len", "ratio", "ppl_all",
+    "ppl_last_quarter", "nll_all", "nll_last_quarter", "n_windows", "n_tokens",
+    "n_tokens_last_quarter", "note", "final_train_loss",
+}
+
+
+@pytest.fixture(scope="module")
+def ids():
+    train_ids, heldout_ids = load_splits()
+    return train_ids[:100_000], heldout_ids[:20_000]
+
+
+@pytest.fixture(scope="module")
+def run(ids):
+    models = {}
+    records = run_extrapolation(NAMES, TINY, train_ids=ids[0], heldout_ids=ids[1],
+                                models=models, progress=False)
+    return records, models
+
+
+def test_records_are_well_formed(run):
+    records, _ = run
+    # 6 encodings unscaled + 3 scalings for rope and hybrid, 2 lengths each
+    assert len(records) == (6 + 3 + 3) * 2
+    combos = [(r["encoding"], r["scaling"], r["eval_len"]) for r in records]
+    assert len(set(combos)) == len(combos)
+    for r in records:
+        assert set(r) == KEYS
+        assert r["train_len"] == 16 and r["eval_len"] == 16 * r["ratio"]
+        assert r["ratio"] in (1, 2)
+        if r["note"]:
+            continue
+        assert r["ppl_all"] > 1 and math.isfinite(r["ppl_all"])
+        assert r["ppl_last_quarter"] > 1 and math.isfinite(r["ppl_last_quarter"])
+        assert r["ppl_all"] == pytest.approx(math.exp(r["nll_all"]))
+        # the same held-out tokens at every length
+        assert r["n_tokens"] == 512 and r["n_windows"] * r["eval_len"] == 512
+        assert r["n_tokens_last_quarter"] == 512 // 4
+    scaled = {(r["encoding"], r["scaling"]) for r in records if r["scaling"] != "none"}
+    assert scaled == {(e, s) for e in ("rope", "hybrid") for s in ("linear", "ntk", "yarn")}
+    # training moved the models away from the uniform 256-way guess
+    assert all(r["final_train_loss"] < math.log(256) - 0.5 for r in records)
+
+
+def test_learned_is_none_past_train_len(run):
+    records, _ = run
+    learned = {r["ratio"]: r for r in records if r["encoding"] == "learned"}
+    assert learned[1]["ppl_all"] is not None and learned[1]["note"] == ""
+    assert learned[2]["ppl_all"] is None and learned[2]["ppl_last_quarter"] is None
+    assert learned[2]["n_tokens"] == 0
+    assert "cannot represent positions >= 16" in learned[2]["note"]
+    assert all(r["note"] == "" for r in records if r["encoding"] != "learned")
+
+
+def test_scaling_identity_at_ratio_one_and_effective_beyond(run):
+    records, _ = run
+    by = {(r["encoding"], r["scaling"], r["ratio"]): r for r in records}
+    for enc in ("rope", "hybrid"):
+        base1, base2 = by[(enc, "none", 1)], by[(enc, "none", 2)]
+        for rule in ("linear", "ntk", "yarn"):
+            assert by[(enc, rule, 1)]["factor"] == 1.0 and by[(enc, rule, 2)]["factor"] == 2.0
+            assert by[(enc, rule, 1)]["ppl_all"] == pytest.approx(base1["ppl_all"], rel=1e-5)
+            assert by[(enc, rule, 2)]["ppl_all"] != base2["ppl_all"]
+
+
+def test_scaling_restored_after_evaluation(run, ids):
+    _, models = run
+    for enc in ("rope", "hybrid"):
+        model, _ = models[enc]
+        rope = model.encoding.rope
+        assert rope.scaling is None
+        fresh = build_model(enc, TINY).encoding.rope
+        assert torch.equal(rope.inv_freq, fresh.inv_freq)
+        assert rope.attention_factor == 1.0
+    # restored even when the evaluation fails part-way
+    model, _ = models["rope"]
+    with pytest.raises(RuntimeError, match="boom"), scaled_rope(model, scaling_for("yarn", 64, 16)):
+        assert model.encoding.rope.scaling["type"] == "yarn"
+        raise RuntimeError("boom")
+    assert model.encoding.rope.scaling is None
+
+
+def test_models_and_losses_returned(run):
+    _, models = run
+    assert set(models) == set(NAMES)
+    for name, (model, losses) in models.items():
+        assert isinstance(model, TinyLM) and model.encoding.name == name
+        assert not model.training
+        assert len(losses) == TINY.steps and all(math.isfinite(v) for v in losses)
+        assert sum(losses[-5:]) < sum(losses[:5])
+
+
+def test_identical_results_when_run_twice(run, ids):
+    records, models = run
+    again = run_extrapolation(["learned", "hybrid"], TINY, train_ids=ids[0], heldout_ids=ids[1],
+                              progress=False)
+    first = [r for r in records if r["encoding"] in ("learned", "hybrid")]
+    assert again == first
+
+
+def test_same_batches_for_every_encoding(ids, monkeypatch):
+    seen = {}
+    real = experiments.training_batches
+
+    def spy(train_ids, cfg):
+        batches = list(real(train_ids, cfg))
+        seen.setdefault("calls", []).append(batches)
+        return iter(batches)
+
+    monkeypatch.setattr(experiments, "training_batches", spy)
+    cfg = ExperimentConfig(**{**TINY.to_dict(), "steps": 3, "eval_multiples": (1,)})
+    run_extrapolation(["sinusoidal", "alibi"], cfg, (), train_ids=ids[0], heldout_ids=ids[1],
+                      progress=False)
+    a, b = seen["calls"]
+    assert len(a) == 3
+    for (xa, ya), (xb, yb) in zip(a, b, strict=True):
+        assert torch.equal(xa, xb) and torch.equal(ya, yb)
+        assert torch.equal(xa[:, 1:], ya[:, :-1])
+    other = list(training_batches(ids[0], ExperimentConfig(**{**cfg.to_dict(), "seed": 1})))
+    assert not torch.equal(other[0][0], a[0][0])
+
+
+def test_evaluation_blocks_share_tokens_across_lengths(ids):
+    x, y = evaluation_blocks(ids[1], 64, 300)
+    assert x.shape == y.shape == (4, 64)  # 300 // 64 blocks, evenly spaced
+    assert torch.equal(x[:, 1:], y[:, :-1])
+    short = x.reshape(-1, 16)
+    assert torch.equal(short.flatten(), x.flatten())
+
+
+def test_evaluate_keep_positions_and_mode_restored(run, ids):
+    _, models = run
+    model, _ = models["alibi"]
+    model.train()
+    rec = evaluate(model, ids[1], 16, (2,), eval_tokens=256, keep_positions=True)
+    assert model.training
+    model.eval()
+    per_pos = rec[0]["nll_by_position"]
+    assert len(per_pos) == 32
+    assert sum(per_pos) / 32 == pytest.approx(rec[0]["nll_all"])
+    assert sum(per_pos[24:]) / 8 == pytest.approx(rec[0]["nll_last_quarter"])
+
+
+def test_build_model_accepts_an_encoding_instance(ids):
+    from tutorial_pkg import Sinusoidal
+
+    model = build_model(Sinusoidal(TINY.d_model), TINY)
+    ref = build_model("sinusoidal", TINY)
+    for (k, v), (k2, v2) in zip(model.state_dict().items(), ref.state_dict().items(), strict=True):
+        assert k == k2 and torch.equal(v, v2)
+    trained, losses = train(Sinusoidal(TINY.d_model), TINY, ids[0], progress=False)
+    assert len(losses) == TINY.steps and trained.encoding.name == "sinusoidal"
+    with pytest.raises(ValueError, match="encoding_kwargs"):
+        build_model(Sinusoidal(TINY.d_model), TINY, {"base": 100.0})
+
+
+def test_position_limit():
+    assert position_limit(build_model("learned", TINY)) == 16
+    assert position_limit(build_model("alibi", TINY)) is None
+    rope = TinyLM("rope", d_model=32, n_heads=2, n_layers=1,
+                  encoding_kwargs={"max_position": 24})
+    assert position_limit(rope) == 24
+
+
+def test_scaling_for():
+    assert scaling_for(None, 64, 16) is None
+    assert scaling_for("linear", 64, 16) == {"type": "linear", "factor": 4.0}
+    assert scaling_for("ntk", 32, 16) == {"type": "ntk", "factor": 2.0}
+    assert scaling_for("yarn", 128, 16) == {
+        "type": "yarn", "factor": 8.0, "original_max_position": 16}
+
+
+def test_format_table(run):
+    records, _ = run
+    table = format_table(records)
+    lines = table.splitlines()
+    assert lines[0].startswith("ppl_last_quarter by evaluation length")
+    assert "16 (1x)" in lines[1] and "32 (2x)" in lines[1]
+    assert len(lines) == 3 + 12 + 1  # title, header, rule, 12 rows, one note
+    learned = next(line for line in lines if line.startswith("learned"))
+    assert learned.split()[-1] == "n/a"
+    assert "cannot represent positions >= 16" in lines[-1]
+    assert "ppl_all" in format_table(records, "ppl_all", digits=1).splitlines()[0]
+
+
+def test_config_presets_and_dict():
+    gpu = ExperimentConfig.gpu()
+    assert gpu.device == "cuda" and gpu.train_len == 256
+    assert max(gpu.eval_multiples) * gpu.train_len == 2048
+    assert ExperimentConfig.larger(steps=10).steps == 10
+    d = TINY.to_dict()
+    assert d["eval_multiples"] == [1, 2] and ExperimentConfig(**d) == TINY
+
+
+def test_bad_inputs_raise(run, ids):
+    _, models = run
+    with pytest.raises(ValueError, match="divisible"):
+        ExperimentConfig(d_model=30, n_heads=4)
+    with pytest.raises(ValueError, match="eval_tokens"):
+        ExperimentConfig(train_len=64, eval_multiples=(1, 8), eval_tokens=100)
+    with pytest.raises(TypeError, match="steps"):
+        ExperimentConfig(steps=1.5)
+    with pytest.raises(ValueError, match="schedule"):
+        ExperimentConfig(schedule="linear")
+    with pytest.raises(TypeError, match="eval_multiples"):
+        ExperimentConfig(eval_multiples=())
+    with pytest.raises(TypeError, match="cfg"):
+        train("rope", {"steps": 3}, ids[0])
+    with pytest.raises(ValueError, match="encoding"):
+        build_model("absolute", TINY)
+    with pytest.raises(ValueError, match="encodings"):
+        run_extrapolation(["rope", "alibi2"], TINY, train_ids=ids[0], heldout_ids=ids[1])
+    with pytest.raises(TypeError, match="encodings"):
+        run_extrapolation("rope", TINY, train_ids=ids[0], heldout_ids=ids[1])
+    with pytest.raises(ValueError, match="rope_scalings"):
+        run_extrapolation(["rope"], TINY, ("dynamic",), train_ids=ids[0], heldout_ids=ids[1])
+    alibi, _ = models["alibi"]
+    with pytest.raises(ValueError, match="RoPE"):
+        evaluate(alibi, ids[1], 16, (1,), scaling="linear", eval_tokens=64)
+    with pytest.raises(ValueError, match="scaling"):
+        evaluate(models["rope"][0], ids[1], 16, (1,), scaling="dynamic", eval_tokens=64)
+    with pytest.raises(TypeError, match="model"):
+        evaluate("rope", ids[1], 16)
+    with pytest.raises(ValueError, match="eval_tokens"):
+        evaluate(alibi, ids[1], 16, (1, 8), eval_tokens=64)
+    with pytest.raises(TypeError, match="records"):
+        format_table([])
