@@ -1,7 +1,10 @@
 """Tests of the measuring layer (tutorial_pkg.benchmark): CPU only, tiny sizes.
 
 They check that the harness measures what it claims (a 2 ms sleep reads ~2 ms,
-a known allocation reads its size), not how fast our code is.
+a known allocation reads its size), not how fast our code is; that every case
+of the standard suite computes what its name says (the same attention as the
+naive oracle); and the fast paths it measures: the ``"auto"`` attention backend
+and the few-pass / fused RoPE. Timings are never asserted here.
 """
 
 from __future__ import annotations
@@ -16,10 +19,18 @@ from pathlib import Path
 
 import pytest
 import torch
+import torch.nn.functional as F
 
+from tutorial_pkg import attention
 from tutorial_pkg import benchmark as bm
+from tutorial_pkg.attention import KVCache, MultiHeadAttention
+from tutorial_pkg.encodings import make_encoding
+from tutorial_pkg.rope import RotaryEmbedding, apply_rope
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
+# Set TUTORIAL_PKG_SKIP_SLOW=1 to skip the torch.compile test (inductor codegen, seconds).
+slow = pytest.mark.skipif(os.environ.get("TUTORIAL_PKG_SKIP_SLOW") == "1",
+                          reason="TUTORIAL_PKG_SKIP_SLOW=1")
 FAST = {"device": "cpu", "warmup": 1, "min_runs": 5, "max_time_s": 0.02}
 FOUR_MB = 4_000_000
 # The CPU allocator reports exact request sizes; allow a little for the odd
@@ -170,7 +181,8 @@ def test_peak_memory_rejects_bad_arguments():
 # --------------------------------------------------------------------------- #
 def test_hardware_info_is_json_and_has_no_paths():
     info = bm.hardware_info("cpu")
-    for key in ("device", "device_name", "num_threads", "torch", "cuda", "python", "os", "date"):
+    for key in ("device", "device_name", "num_threads", "torch", "cuda", "python", "os", "date",
+                "loadavg"):
         assert key in info
     assert info["device"] == "cpu" and info["torch"] == torch.__version__
     text = json.dumps(info)
@@ -192,6 +204,7 @@ def test_save_load_round_trip(tmp_path):
     ]
     records[1].error = None
     records[1].ratio = 2.0
+    records[1].held_bytes, records[1].first_call_ms = 3 * 2**20, 1234.5
     hw = bm.hardware_info("cpu")
     path = bm.save_results(records, tmp_path / "sub" / "r.json", hw)
     raw = json.loads(path.read_text())
@@ -216,6 +229,11 @@ def test_format_table_lists_cases():
     assert "median ms" in table and "peak MiB" in table
     assert "1.00 ref" in table and "2.00" in table and "3.00" in table
     assert "seq_len=128" in table
+    assert "held MiB" not in table and "1st call ms" not in table  # only when present
+    recs[1].held_bytes, recs[1].first_call_ms = 2**21, 9000.0
+    table = bm.format_table(recs)
+    assert "held MiB" in table and "2.00" in table and "1st call ms" in table
+    assert "9,000.00" in table
     assert bm.format_table([]) == "(no records)"
 
 
@@ -248,6 +266,22 @@ def test_compare_fills_ratios_relative_to_reference():
     assert "broken" in bm.format_table(records)
 
 
+def test_compare_reports_first_call_and_held_memory_apart():
+    state = {"calls": 0}
+
+    def slow_first_call():
+        state["calls"] += 1
+        if state["calls"] == 1:
+            time.sleep(0.05)  # a one-off cost, like compiling
+
+    records = bm.compare({"a": bm.Case(slow_first_call, held=lambda: 1234), "b": lambda: None},
+                         "a", device="cpu", warmup=1, min_runs=3, max_time_s=0.01,
+                         measure_memory=False)
+    rec = {r.case: r for r in records}
+    assert rec["a"].first_call_ms >= 45 and rec["a"].median_ms < 20  # not in the median
+    assert rec["a"].held_bytes == 1234 and rec["b"].held_bytes is None
+
+
 def test_compare_rounds_pool_samples():
     records = bm.compare({"a": lambda: None}, "a", device="cpu", warmup=0, min_runs=3,
                          max_time_s=0.005, rounds=2, measure_memory=False)
@@ -272,21 +306,68 @@ def test_compare_rejects_bad_arguments():
 # --------------------------------------------------------------------------- #
 # Suite and CLI
 # --------------------------------------------------------------------------- #
-def test_default_suite_entries():
-    args = bm._finish_args(bm.build_parser().parse_args(["--quick", "--device", "cpu",
-                                                          "--lengths", "16",
-                                                          "--passes", "fwd", "fwd+bwd"]))
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    """Tiny tensors: one intra-op thread is faster and immune to a busy machine's other jobs."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+def _args(*extra: str) -> argparse.Namespace:
+    return bm._finish_args(bm.build_parser().parse_args(["--quick", "--device", "cpu", *extra]))
+
+
+def _outputs(fn):
+    out = fn()
+    return (out,) if isinstance(out, torch.Tensor) else tuple(out)
+
+
+def test_attention_suite_cases_compute_the_same_attention():
+    args = _args("--parts", "attention", "--lengths", "16", "--passes", "fwd", "fwd+bwd",
+                 "--backends", "naive", "sdpa", "auto")
     entries = list(bm.default_suite(args))
     assert [e.params["pass"] for e in entries] == ["fwd", "fwd+bwd"]
     for entry in entries:
-        assert entry.reference in entry.cases
-        ref_out = entry.cases["sdpa"]()
-        naive_out = entry.cases["naive"]()
-        # Both implement the same causal attention (fwd: output; fwd+bwd: grads).
-        if isinstance(ref_out, torch.Tensor):
-            ref_out, naive_out = (ref_out,), (naive_out,)
-        for a, b in zip(ref_out, naive_out, strict=True):
-            torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4)
+        assert entry.reference == bm.ATTENTION_LIMIT and entry.reference in entry.cases
+        names = set(entry.cases)
+        assert {"nope/sdpa", "alibi/auto", "alibi/seed", "alibi/sdpa-3d-mask"} <= names
+        assert "nope/auto" not in names  # auto is the sdpa path without a bias
+        outs = {name: _outputs(case.fn) for name, case in entry.cases.items()}
+
+        def same(a, b, outs=outs):
+            for x, y in zip(outs[a], outs[b], strict=True):
+                torch.testing.assert_close(x, y, atol=1e-4, rtol=1e-4)
+
+        same("nope/sdpa", bm.ATTENTION_LIMIT)  # NoPE through the package == the limit
+        for enc in bm.ATTENTION_ENCODINGS:
+            same(f"{enc}/sdpa", f"{enc}/naive")
+        for enc in ("alibi", "hybrid"):
+            same(f"{enc}/auto", f"{enc}/naive")
+        same("alibi/seed", "alibi/naive")
+        same("alibi/sdpa-3d-mask", "alibi/naive")
+
+
+def test_rope_and_lm_suites_run_at_tiny_sizes():
+    args = _args("--parts", "rope", "lm", "--rope-shape", "1", "2", "8", "16",
+                 "--lm-batch", "2", "--lm-len", "8")
+    entries = list(bm.default_suite(args))
+    assert [e.group for e in entries] == ["rope float32", "rope bfloat16", "lm step L=8"]
+    for entry in entries[:2]:
+        ref = _outputs(entry.cases["apply_rope"].fn)
+        for name in ("rotate", "rotate_half", "complex"):
+            got = _outputs(entry.cases[name].fn)
+            tol = 1e-5 if entry.params["dtype"] == "float32" else 3e-2
+            for g, r in zip(got, ref, strict=True):
+                assert g.dtype == r.dtype
+                if name != "complex":  # the complex form pairs features differently
+                    torch.testing.assert_close(g.float(), r.float(), atol=tol, rtol=tol)
+    lm = entries[2]
+    assert lm.reference == "nope"
+    assert {"nope", "sinusoidal", "learned", "rope", "alibi", "hybrid"} <= set(lm.cases)
+    loss = lm.cases["alibi"].fn()
+    assert loss.shape == () and torch.isfinite(loss)
 
 
 def test_cli_quick_writes_json(tmp_path):
@@ -295,16 +376,21 @@ def test_cli_quick_writes_json(tmp_path):
         p for p in (str(REPO_ROOT), os.environ.get("PYTHONPATH")) if p)}
     proc = subprocess.run(
         [sys.executable, "-m", "tutorial_pkg.benchmark", "--quick", "--device", "cpu",
-         "--lengths", "32", "64", "--no-progress", "--out", str(out)],
+         "--parts", "attention", "--encodings", "alibi", "--backends", "sdpa", "auto",
+         "--lengths", "32", "--no-memory", "--no-progress", "--out", str(out)],
         capture_output=True, text=True, env=env, cwd=tmp_path, timeout=120,
     )
     assert proc.returncode == 0, proc.stderr
-    assert "median ms" in proc.stdout
+    assert "median ms" in proc.stdout and "held MiB" in proc.stdout
     data = json.loads(out.read_text())
     assert data["hardware"]["device"] == "cpu"
-    assert len(data["records"]) == 4
-    assert {r["case"] for r in data["records"]} == {"sdpa", "naive"}
-    assert all(r["ratio"] is not None for r in data["records"])
+    records = {r["case"]: r for r in data["records"]}
+    assert set(records) == {bm.ATTENTION_LIMIT, "alibi/sdpa", "alibi/auto", "alibi/seed",
+                            "alibi/sdpa-3d-mask"}
+    assert all(r["ratio"] is not None and r["first_call_ms"] > 0 for r in records.values())
+    # the cached (1, H, 128, 128) table vs a (1, H, 1, 128) row (both rounded up to 128)
+    assert records["alibi/sdpa"]["held_bytes"] >= 8 * 128 * 128 * 4
+    assert records["alibi/auto"]["held_bytes"] < 8 * 128 * 4 * 2
 
 
 def test_cli_custom_suite_hook(tmp_path, capsys):
@@ -322,6 +408,185 @@ def test_cli_custom_suite_hook(tmp_path, capsys):
 def test_cli_rejects_bad_suite_spec():
     with pytest.raises(SystemExit):
         bm.main(["--quick", "--device", "cpu", "--suite", "no_colon_here"])
+
+
+# --------------------------------------------------------------------------- #
+# The fast paths the benchmarks measure (tutorial_pkg.attention "auto", RoPE)
+# --------------------------------------------------------------------------- #
+D_MODEL, N_HEADS = 32, 4
+
+
+def _encoding(key: str, causal: bool = True):
+    kw = {"d_model": D_MODEL, "n_heads": N_HEADS}
+    mode = "causal" if causal else "symmetric"
+    if key == "alibi_key_only":
+        return make_encoding("alibi", mode="key_only", **kw)
+    if key == "hybrid_learnable":
+        enc = make_encoding("hybrid", learnable_scale=True, mode=mode, **kw)
+        with torch.no_grad():
+            enc.log_scale.copy_(torch.linspace(-0.5, 0.7, N_HEADS))
+        return enc
+    if key in ("alibi", "hybrid"):
+        return make_encoding(key, mode=mode, **kw)
+    return make_encoding(key, max_len=64, **kw)
+
+
+def _pair(key, causal, gqa):
+    enc = _encoding(key, causal)
+    kv = 2 if gqa else None
+    auto = MultiHeadAttention(D_MODEL, N_HEADS, enc, causal=causal, n_kv_heads=kv)
+    naive = MultiHeadAttention(D_MODEL, N_HEADS, enc, causal=causal, n_kv_heads=kv,
+                               backend="naive")
+    naive.load_state_dict(auto.state_dict())
+    return enc, auto, naive
+
+
+AUTO_KEYS = ["nope", "rope", "alibi", "alibi_key_only", "hybrid", "hybrid_learnable"]
+
+
+@pytest.mark.parametrize(
+    ("key", "causal", "gqa"),
+    [(key, causal, False) for key in AUTO_KEYS for causal in (True, False)]
+    + [("alibi", True, True), ("hybrid", True, True)],
+)
+def test_auto_backend_equals_naive_with_padding_and_gradients(key, causal, gqa):
+    torch.manual_seed(0)
+    enc, auto, naive = _pair(key, causal, gqa)
+    assert auto.backend == "auto"  # the default
+    x = torch.randn(2, 8, D_MODEL, requires_grad=True)
+    pad = torch.zeros(2, 8, dtype=torch.bool)
+    pad[0, -2:] = True
+    pad[1, :3] = True  # queries 0-2 of row 1 see no key when causal: zeros
+    for mask in (None, pad):
+        got, want = auto(x, key_padding_mask=mask), naive(x, key_padding_mask=mask)
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+        if mask is not None and causal:
+            assert got[1, :3].abs().max() == 0
+        g_got = torch.autograd.grad(got.square().sum(), x)[0]
+        g_want = torch.autograd.grad(want.square().sum(), x)[0]
+        torch.testing.assert_close(g_got, g_want, rtol=1e-4, atol=1e-5)
+
+
+def test_auto_adds_a_key_row_to_the_fused_causal_kernel(monkeypatch):
+    enc = _encoding("alibi")
+    layer = MultiHeadAttention(D_MODEL, N_HEADS, enc)
+    assert attention._check_key_row(torch.device("cpu"), torch.float32, False)  # probe first
+    seen = []
+    real = F.scaled_dot_product_attention
+
+    def recording(q, k, v, attn_mask=None, is_causal=False, **kw):
+        seen.append((None if attn_mask is None else tuple(attn_mask.shape), is_causal))
+        return real(q, k, v, attn_mask=attn_mask, is_causal=is_causal, **kw)
+
+    monkeypatch.setattr(attention.F, "scaled_dot_product_attention", recording)
+    x = torch.randn(2, 300, D_MODEL)
+    with torch.no_grad():
+        layer(x)
+        cache = KVCache()
+        layer(x[:, :5], kv_cache=cache)  # prefill: a whole sequence
+        layer(x[:, 5:6], kv_cache=cache)  # one new token sees every cached key
+        layer(x[:, 6:9], kv_cache=cache)  # a chunk at an offset: the sdpa path
+    assert seen == [((1, N_HEADS, 1, 300), True), ((1, N_HEADS, 1, 5), True),
+                    ((1, N_HEADS, 1, 6), False), ((1, N_HEADS, 3, 9), False)]
+    # only the offset chunk built a (small) 4-D table; the 300-token calls hold a row
+    assert all(t.shape[-1] == 128 for t in enc._bias_cache.values())
+    (row,) = enc._row_cache.values()
+    assert row.shape == (1, N_HEADS, 1, 512) and row.dtype == torch.float32
+
+
+def test_auto_kv_cache_decoding_equals_full_forward():
+    torch.manual_seed(0)
+    for key in ("alibi", "hybrid"):
+        enc, auto, _ = _pair(key, True, True)
+        x = torch.randn(2, 9, D_MODEL)
+        with torch.no_grad():
+            full = auto(x)
+            cache, outs = KVCache(), []
+            for a, b in ((0, 4), (4, 5), (5, 9)):
+                outs.append(auto(x[:, a:b], kv_cache=cache))
+        torch.testing.assert_close(torch.cat(outs, 1), full, rtol=1e-4, atol=1e-5)
+
+
+def test_auto_key_row_check_rejects_a_kernel_that_rounds_the_row(monkeypatch):
+    real = F.scaled_dot_product_attention
+
+    def rounding(q, k, v, attn_mask=None, **kw):
+        if attn_mask is not None:
+            attn_mask = attn_mask.to(torch.bfloat16).to(attn_mask.dtype)
+        return real(q, k, v, attn_mask=attn_mask, **kw)
+
+    monkeypatch.setattr(attention.F, "scaled_dot_product_attention", rounding)
+    assert not attention._probe_key_row(torch.device("cpu"), torch.bfloat16, False)
+    monkeypatch.setattr(attention.F, "scaled_dot_product_attention", real)
+    assert attention._probe_key_row(torch.device("cpu"), torch.float32, False)
+
+
+def test_attend_is_forward_without_the_projections():
+    torch.manual_seed(0)
+    enc, layer, _ = _pair("hybrid", True, True)
+    x = torch.randn(2, 7, D_MODEL)
+    q = layer.q_proj(x).view(2, 7, N_HEADS, -1).transpose(1, 2)
+    k = layer.k_proj(x).view(2, 7, 2, -1).transpose(1, 2)
+    v = layer.v_proj(x).view(2, 7, 2, -1).transpose(1, 2)
+    heads = layer.attend(q, k, v)
+    torch.testing.assert_close(layer.out_proj(heads.transpose(1, 2).reshape(2, 7, -1)), layer(x))
+    with pytest.raises(ValueError, match="k must have shape"):
+        layer.attend(q, q, v)
+
+
+@pytest.mark.parametrize("layout", ["half", "interleaved"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
+def test_rotary_fast_path_equals_apply_rope_with_gradients(layout, dtype):
+    gen = torch.Generator().manual_seed(0)
+    rot = RotaryEmbedding(16, layout=layout)
+    x = torch.randn(2, 6, 3, 16, generator=gen).to(dtype).transpose(1, 2)  # like q from MHA
+    x.requires_grad_(True)
+    cos, sin = rot.cos_sin(start=5, length=6)
+    got, want = rot.rotate(x, start=5), apply_rope(x, cos, sin, layout)
+    tol = {torch.bfloat16: 2e-2}.get(dtype, 1e-6)
+    assert got.dtype == dtype and got.shape == x.shape
+    torch.testing.assert_close(got, want, atol=tol, rtol=tol)
+    g = torch.randn(got.shape, generator=gen).to(dtype)
+    (g_got,) = torch.autograd.grad(got, x, g)
+    (g_want,) = torch.autograd.grad(want, x, g)
+    torch.testing.assert_close(g_got, g_want, atol=tol, rtol=tol)
+
+
+def test_rotary_pair_equals_two_rotations():
+    rot = RotaryEmbedding(16)
+    q, k = torch.randn(2, 4, 5, 16), torch.randn(2, 2, 5, 16)
+    pos = torch.tensor([3, 4, 5, 6, 7])
+    for q_pos, k_pos in ((None, None), (pos, pos), (pos, pos.flip(0))):
+        got = rot(q, k, q_pos, k_pos)
+        want = (rot.rotate(q, q_pos), rot.rotate(k, k_pos))
+        for g, w in zip(got, want, strict=True):
+            torch.testing.assert_close(g, w)
+    with pytest.raises(ValueError, match="k must be"):
+        rot(q, torch.randn(2, 2, 5, 8))
+
+
+def test_rotary_partial_rotation_takes_the_reference_path():
+    rot = RotaryEmbedding(16, rotary_dim=8)
+    x = torch.randn(1, 2, 5, 16)
+    cos, sin = rot.cos_sin(start=0, length=5)
+    torch.testing.assert_close(rot.rotate(x), apply_rope(x, cos, sin))
+    assert torch.equal(rot.rotate(x)[..., 8:], x[..., 8:])
+
+
+@slow
+def test_fused_rope_equals_eager():
+    # compiles one small elementwise kernel (a few seconds cold)
+    fused, eager = RotaryEmbedding(16, fused=True), RotaryEmbedding(16)
+    assert "fused=True" in repr(fused) and "fused" not in repr(eager)
+    for dtype, tol in ((torch.float32, 1e-6), (torch.bfloat16, 4e-2)):
+        x, k = torch.randn(2, 3, 7, 16).to(dtype), torch.randn(2, 1, 7, 16).to(dtype)
+        got = fused.rotate(x, start=2)
+        assert got.dtype == dtype
+        torch.testing.assert_close(got, eager.rotate(x, start=2), atol=tol, rtol=tol)
+        for got, want in zip(fused(x, k, start=2), eager(x, k, start=2), strict=True):  # q, k
+            torch.testing.assert_close(got, want, atol=tol, rtol=tol)
+    with pytest.raises(TypeError, match="fused"):
+        RotaryEmbedding(16, fused=1)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")

@@ -10,11 +10,33 @@ Backends (all agree with ``"naive"`` to tolerance, tested for every encoding):
   it passes the encoding's cached 4-D bias ``(1, H, L_q, L_k)``: a 3-D float
   mask makes CPU SDPA fall back silently to its slow math path (chapter 5).
 * ``"flex"``: FlexAttention with the encoding's ``score_mod`` and a causal block
-  mask, so no bias is ever materialised. Compiled once per shape (the compiled
-  function and block masks are cached). Falls back to ``"sdpa"``, with a warning
-  saying why, where this torch cannot run it: FlexAttention missing, backward
-  on CPU (unsupported in torch 2.13), dropout, explicit position tensors, or
+  mask, so no bias is ever materialised. For a whole causal sequence without
+  padding it is compiled with dynamic shapes: one compilation (~10-20 s cold on a
+  2-core CPU) per ``score_mod`` serves every length of two tiles (256 tokens) or
+  more; other calls (padding, non-causal, a query offset) compile once per shape.
+  Block masks are cached per shape. Dynamo recompiles at most 8 times per
+  function (all callers together), then runs FlexAttention eagerly, which
+  materialises the scores. Falls back to ``"sdpa"``, with a warning saying why,
+  where this torch cannot run it: FlexAttention missing, backward on CPU
+  (unsupported in torch 2.13), dropout, explicit position tensors, or
   single-token decoding steps.
+* ``"auto"`` (the default): the fastest exact path for the call at hand, without
+  compiling anything. Encodings without a bias take ``"sdpa"`` (``is_causal=True``).
+  ALiBi and the hybrid (causal or key-only form) add the bias as a *key row*
+  ``m_h j`` of shape ``(1, H, 1, L_k)`` (:meth:`PositionEncoding.attn_key_bias`,
+  float32) to SDPA's fused causal kernel: softmax is shift invariant along a
+  query's row and ``-m (i - j) = m j - m i``, so the weights are exactly those of
+  the full causal bias, while nothing of size ``L x L`` is built or held and the
+  kernel still skips the masked half. Measured on CPU (chapter 5): as fast as
+  plain causal SDPA, forward and backward, with the same peak memory; the
+  cached 4-D bias of ``"sdpa"`` costs ~1.3-2x the time and holds ``H L^2``
+  floats, Flex is as fast but compiles and has no CPU backward. Passing a mask
+  together with ``is_causal=True`` is accepted by the fused CPU kernel (and
+  CUDA's memory-efficient one) but not by every kernel, so the path is checked
+  once per (device type, dtype) against a float64 reference, forward and
+  backward, before it is used; where the check fails, and for the symmetric
+  form, explicit positions, chunked prefill with a KV cache, dropout or a
+  learnable bias under autograd, ``"auto"`` uses ``"sdpa"``.
 
 Key padding masks are ``(b, L_k)`` booleans, ``True`` where the key is padding
 (the convention of :class:`torch.nn.MultiheadAttention`). A query row whose keys
@@ -42,7 +64,7 @@ __all__ = [
 ]
 
 #: Attention backends, see the module docs.
-BACKENDS = ("naive", "sdpa", "flex")
+BACKENDS = ("naive", "sdpa", "flex", "auto")
 
 try:  # FlexAttention: torch >= 2.5
     from torch.nn.attention.flex_attention import create_block_mask, flex_attention
@@ -52,9 +74,11 @@ except ImportError as _err:  # pragma: no cover - depends on the installed torch
     flex_attention = create_block_mask = None
     _FLEX_IMPORT_ERROR = str(_err)
 
-_compiled_flex = None
+_compiled_flex: dict = {}  # dynamic (bool) -> compiled flex_attention
 _block_masks: dict = {}
 _warned: set = set()
+# (device type, dtype, gqa) -> whether SDPA adds a key row under is_causal correctly
+_key_row_ok: dict = {}
 
 
 def flex_available() -> tuple[bool, str]:
@@ -64,14 +88,106 @@ def flex_available() -> tuple[bool, str]:
     return True, ""
 
 
-def _flex_fn(compile: bool):
-    """The (compiled, cached once per process) flex_attention function."""
-    global _compiled_flex
+def _flex_fn(compile: bool, dynamic: bool = False):
+    """The (compiled, cached once per process) flex_attention function.
+
+    ``dynamic=True`` compiles with dynamic shapes, used for the common call (a
+    whole causal sequence, no padding): with static shapes every new length
+    recompiles (~10 s each on a 2-core CPU) and after 8 lengths dynamo gives up
+    and runs FlexAttention eagerly, materialising the scores. Other calls
+    (padding, non-causal, an offset) compile statically, once per shape: in
+    torch 2.13 inductor's CPU FlexAttention template fails to build some of them
+    with dynamic shapes (undeclared ``cur_qSplitSize`` in the generated C++).
+    See also :func:`_mark_block_mask_dynamic`.
+    """
     if not compile:
         return flex_attention
-    if _compiled_flex is None:
-        _compiled_flex = torch.compile(flex_attention, dynamic=False)
-    return _compiled_flex
+    fn = _compiled_flex.get(dynamic)
+    if fn is None:
+        fn = _compiled_flex[dynamic] = torch.compile(flex_attention, dynamic=dynamic)
+    return fn
+
+
+def _causal_mask_mod(b, h, q_idx, kv_idx):
+    # A plain function, not a closure over `start`: under dynamic shapes an int
+    # captured by a mask_mod becomes symbolic, which the CPU template cannot build.
+    return kv_idx <= q_idx
+
+
+def _offset_causal_mask_mod(start: int):
+    def mask_mod(b, h, q_idx, kv_idx):
+        return kv_idx <= q_idx + start
+
+    return mask_mod
+
+
+def _mark_block_mask_dynamic(block_mask) -> None:
+    # The block counts and indices grow with L / 128; unmarked, the first compile
+    # specialises on their sizes and the next block count recompiles once more.
+    for t in block_mask.as_tuple():
+        if isinstance(t, torch.Tensor):
+            for dim in range(2, t.dim()):
+                torch._dynamo.maybe_mark_dynamic(t, dim)
+
+
+def _check_key_row(device: torch.device, dtype: torch.dtype, gqa: bool) -> bool:
+    """Does SDPA add a float key row *and* apply ``is_causal`` here, exactly? (cached).
+
+    The ``"auto"`` path relies on it, and the PyTorch documentation does not
+    promise it (its math path refuses a mask with ``is_causal=True``; a kernel
+    could also round the float32 row to the dtype of q, which would destroy
+    ``m j`` at large ``j``). So it is checked once per (device type, dtype, GQA)
+    on a tiny problem whose keys sit at positions 4096+ (a row rounded to
+    bfloat16 fails there): forward and gradients against a float64 reference.
+    """
+    key = (device.type, dtype, gqa)
+    if key in _key_row_ok:
+        return _key_row_ok[key]
+    if torch.compiler.is_compiling():
+        return False  # never probe while tracing; the next eager call will
+    _key_row_ok[key] = ok = _probe_key_row(device, dtype, gqa)
+    return ok
+
+
+def _probe_key_row(device, dtype, gqa) -> bool:
+    heads, kv_heads, length, dim, offset = 2, 1 if gqa else 2, 16, 8, 4096
+    gen = torch.Generator().manual_seed(0)
+    q = torch.randn(1, heads, length, dim, generator=gen)
+    k, v = (torch.randn(1, kv_heads, length, dim, generator=gen) for _ in range(2))
+    grad_out = torch.randn(1, heads, length, dim, generator=gen)
+    slopes = torch.tensor([0.5, 1 / 16])
+    row_dtype = torch.float64 if dtype == torch.float64 else torch.float32
+    row = (slopes[:, None, None] * torch.arange(offset, offset + length).double())[None]
+
+    def run(tensors, mask, fused):
+        q_, k_, v_ = (t.detach().requires_grad_(True) for t in tensors)
+        if fused:
+            kw = {"enable_gqa": True} if gqa else {}
+            out = F.scaled_dot_product_attention(q_, k_, v_, attn_mask=mask, is_causal=True, **kw)
+        else:
+            rep = heads // kv_heads
+            kk, vv = k_.repeat_interleave(rep, 1), v_.repeat_interleave(rep, 1)
+            scores = q_ @ kk.transpose(-2, -1) / math.sqrt(dim) + mask
+            future = torch.ones(length, length, dtype=torch.bool, device=q_.device).triu(1)
+            out = scores.masked_fill(future, float("-inf")).softmax(-1) @ vv
+        grads = torch.autograd.grad(out, (q_, k_, v_), grad_out.to(out))
+        return [out, *grads]
+
+    try:
+        with torch.enable_grad():
+            got = run([t.to(device, dtype) for t in (q, k, v)],
+                      row.to(device, row_dtype), fused=True)
+            want = run([t.to(device, dtype).double() for t in (q, k, v)],
+                       row.to(device), fused=False)
+    except RuntimeError:  # e.g. "attn_mask should not be set when is_causal=True"
+        return False
+    # float32 rounds m j ~ 2048 to ~1e-4; a row rounded to 16 bits is off by ~1 or more
+    tol = 1e-3 if dtype in (torch.float32, torch.float64) else 5e-2
+    return all(
+        float((g.detach().double() - w.detach()).abs().max())
+        <= tol * max(1.0, float(w.detach().abs().max()))
+        for g, w in zip(got, want, strict=True)
+    )
 
 
 def _warn_once(reason: str) -> None:
@@ -129,7 +245,7 @@ class MultiHeadAttention(nn.Module):
         encoding: a :class:`~tutorial_pkg.encodings.PositionEncoding` (default NoPE).
             Its head count (ALiBi) must equal ``n_heads``.
         causal: mask future keys (decoder) or not (encoder).
-        backend: ``"naive"``, ``"sdpa"`` or ``"flex"``.
+        backend: ``"auto"`` (default), ``"naive"``, ``"sdpa"`` or ``"flex"`` (module docs).
         dropout: attention dropout probability (training only).
         n_kv_heads: key/value heads for grouped-query attention (divides ``n_heads``);
             default ``n_heads``.
@@ -144,7 +260,7 @@ class MultiHeadAttention(nn.Module):
         encoding: PositionEncoding | None = None,
         *,
         causal: bool = True,
-        backend: str = "sdpa",
+        backend: str = "auto",
         dropout: float = 0.0,
         n_kv_heads: int | None = None,
         bias: bool = False,
@@ -217,26 +333,80 @@ class MultiHeadAttention(nn.Module):
         b, s, d = x.shape
         if d != self.d_model:
             raise ValueError(f"x must have last dimension d_model={self.d_model}, got {d}")
-        start = kv_cache.length if kv_cache is not None else 0
-        explicit = positions is not None
-        if explicit:
-            q_pos = as_positions("positions", positions).to(x.device)
-            if q_pos.numel() != s:
-                raise ValueError(f"positions must have length s={s}, got {q_pos.numel()}")
-        else:
-            q_pos = torch.arange(start, start + s, device=x.device)
-
         q = self.q_proj(x).view(b, s, self.n_heads, self.head_dim).transpose(1, 2)
         k = self.k_proj(x).view(b, s, self.n_kv_heads, self.head_dim).transpose(1, 2)
         v = self.v_proj(x).view(b, s, self.n_kv_heads, self.head_dim).transpose(1, 2)
+        out, weights = self._attend(q, k, v, positions, key_padding_mask, kv_cache,
+                                    return_weights)
+        out = out.transpose(1, 2).reshape(b, s, self.n_heads * self.head_dim)
+        out = self.out_proj(out)
+        return (out, weights) if return_weights else out
+
+    def attend(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        *,
+        positions: torch.Tensor | None = None,
+        key_padding_mask: torch.Tensor | None = None,
+        kv_cache: KVCache | None = None,
+    ) -> torch.Tensor:
+        """The attention core on already projected heads: what :meth:`forward` does
+        between the input and output projections.
+
+        The encoding's ``rotate`` and bias hooks, the masks and the backend, exactly
+        as in :meth:`forward` (which calls it). For models that project q, k, v
+        themselves, and for benchmarks that time attention alone (chapter 5).
+
+        Args:
+            q: ``[b, n_heads, s, head_dim]`` queries (not yet rotated).
+            k: ``[b, n_kv_heads, s, head_dim]`` keys (not yet rotated).
+            v: ``[b, n_kv_heads, s, head_dim]`` values.
+            positions, key_padding_mask, kv_cache: as in :meth:`forward`.
+
+        Returns:
+            ``[b, n_heads, s, head_dim]``, the heads before merging.
+        """
+        check_float_tensor("q", q, ndim=4)
+        check_float_tensor("k", k, ndim=4)
+        check_float_tensor("v", v, ndim=4)
+        b, _, s, _ = q.shape
+        want = {"q": (b, self.n_heads, s, self.head_dim),
+                "k": (b, self.n_kv_heads, s, self.head_dim),
+                "v": (b, self.n_kv_heads, s, self.head_dim)}
+        for name, t in (("q", q), ("k", k), ("v", v)):
+            if tuple(t.shape) != want[name]:
+                raise ValueError(
+                    f"{name} must have shape [b, heads, s, head_dim]={want[name]}, "
+                    f"got {tuple(t.shape)}"
+                )
+        return self._attend(q, k, v, positions, key_padding_mask, kv_cache, False)[0]
+
+    def _attend(self, q, k, v, positions, key_padding_mask, kv_cache, return_weights):
+        b, _, s, _ = q.shape
+        device = q.device
+        start = kv_cache.length if kv_cache is not None else 0
+        explicit = positions is not None
+        if explicit:
+            q_pos = as_positions("positions", positions).to(device)
+            if q_pos.numel() != s:
+                raise ValueError(f"positions must have length s={s}, got {q_pos.numel()}")
+        else:
+            q_pos = torch.arange(start, start + s, device=device)
+
         q, k = self.encoding.rotate(q, k, q_pos, q_pos)
         k_pos = q_pos
         if kv_cache is not None:
             k, v, k_pos = kv_cache.update(k, v, q_pos)
         k_len = k.shape[-2]
-        pad = self._check_padding(key_padding_mask, b, k_len, x.device)
+        pad = self._check_padding(key_padding_mask, b, k_len, device)
 
         backend = "naive" if return_weights else self.backend
+        row = None
+        if backend == "auto":
+            row = self._auto_key_row(q, explicit, s, k_len, start)
+            backend = "sdpa" if row is None else "key_row"
         if backend == "flex":
             reason = self._flex_blocker(q, explicit, s)
             if reason:
@@ -245,13 +415,13 @@ class MultiHeadAttention(nn.Module):
         weights = None
         if backend == "naive":
             out, weights = self._naive(q, k, v, q_pos, k_pos, pad)
+        elif backend == "key_row":
+            out = self._sdpa_key_row(q, k, v, row, pad, is_causal=self.causal and s > 1)
         elif backend == "sdpa":
             out = self._sdpa(q, k, v, q_pos, k_pos, pad, start if not explicit else None)
         else:
             out = self._flex(q, k, v, pad, start)
-        out = out.transpose(1, 2).reshape(b, s, self.n_heads * self.head_dim)
-        out = self.out_proj(out)
-        return (out, weights) if return_weights else out
+        return out, weights
 
     # ----------------------------------------------------------------------------- masks
     @staticmethod
@@ -355,6 +525,42 @@ class MultiHeadAttention(nn.Module):
         )
         return self._zero_empty_rows(out, allowed)
 
+    # ----------------------------------------------------------------------------- auto
+    def _auto_key_row(self, q, explicit, s, k_len, start):
+        """The float key row ``(1, H, 1, L_k)`` for the ``"auto"`` path, or None (use sdpa)."""
+        enc = self.encoding
+        if not enc.has_bias or explicit or (self.training and self.dropout):
+            return None
+        # is_causal aligns the mask top-left (query i sees keys <= i): right for a
+        # whole sequence, and a single new token sees every cached key anyway.
+        if self.causal and s > 1 and not (start == 0 and s == k_len):
+            return None
+        row = enc.attn_key_bias(k_len, device=q.device)
+        if row is None or (row.requires_grad and torch.is_grad_enabled()):
+            return None  # no key-only form, or a learnable bias (fused kernels give no mask grad)
+        if not _check_key_row(q.device, q.dtype, self.n_kv_heads != self.n_heads):
+            return None
+        return row
+
+    def _sdpa_key_row(self, q, k, v, row, pad, is_causal):
+        mask = row.to(torch.float64 if q.dtype == torch.float64 else torch.float32)
+        has_key = None
+        if pad is not None:
+            # padding depends on the key only, so the mask stays one row per head:
+            # (b, H, 1, L_k); finite, so a query with no key left stays NaN-free
+            pad_bias = torch.zeros(pad.shape, dtype=mask.dtype, device=q.device)
+            pad_bias = pad_bias.masked_fill(pad, torch.finfo(mask.dtype).min)[:, None, None, :]
+            mask = mask + pad_bias
+            keep = ~pad
+            # query i has a key iff a kept key j <= i (causal) or any kept key
+            has_key = keep.cumsum(-1) > 0 if is_causal else keep.any(-1, keepdim=True)
+            has_key = has_key[:, None, :, None]  # (b, 1, s or 1, 1)
+        kw = {"enable_gqa": True} if self.n_kv_heads != self.n_heads else {}
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal, **kw)
+        if has_key is not None:
+            out = torch.where(has_key, out, torch.zeros((), dtype=out.dtype, device=out.device))
+        return out
+
     # ----------------------------------------------------------------------------- flex
     def _flex_blocker(self, q, explicit, s):
         ok, why = flex_available()
@@ -379,11 +585,10 @@ class MultiHeadAttention(nn.Module):
             key = (s, k_len, start, causal, q.device)
             block_mask = _block_masks.get(key)
             if block_mask is None and causal:
-
-                def mask_mod(b, h, q_idx, kv_idx):
-                    return kv_idx <= q_idx + start
-
+                mask_mod = _causal_mask_mod if start == 0 else _offset_causal_mask_mod(start)
                 block_mask = create_block_mask(mask_mod, None, None, s, k_len, device=q.device)
+                if self.compile_flex and start == 0:
+                    _mark_block_mask_dynamic(block_mask)
                 _block_masks[key] = block_mask
         else:
 
@@ -392,7 +597,8 @@ class MultiHeadAttention(nn.Module):
                 return keep & (kv_idx <= q_idx + start) if causal else keep
 
             block_mask = create_block_mask(mask_mod, q.shape[0], None, s, k_len, device=q.device)
-        out = _flex_fn(self.compile_flex)(
+        dynamic = pad is None and causal and start == 0
+        out = _flex_fn(self.compile_flex, dynamic)(
             q, k, v,
             score_mod=self.encoding.score_mod(q_offset=start),
             block_mask=block_mask,
@@ -439,7 +645,7 @@ class TransformerBlock(nn.Module):
         dropout: float = 0.0,
         norm_first: bool = True,
         causal: bool = True,
-        backend: str = "sdpa",
+        backend: str = "auto",
         n_kv_heads: int | None = None,
         compile_flex: bool = True,
     ) -> None:

@@ -18,8 +18,13 @@ misses), and a single sample says nothing about noise. This module does it right
   machine, in the same process, minutes apart).
 * :class:`BenchRecord`, :func:`save_results`, :func:`load_results`,
   :func:`format_table`, :func:`hardware_info` -- recording and reporting.
-* A command line, ``python -m tutorial_pkg.benchmark``, whose suite is pluggable
-  (see :func:`default_suite` and ``--suite``).
+* The standard suite (:func:`default_suite`): attention per encoding x backend x
+  length x pass (:func:`attention_suite`), RoPE apply (:func:`rope_suite`) and a
+  training step of the tiny LM (:func:`lm_suite`), each case next to its limit
+  reference; :func:`parse_args` builds the arguments a suite takes.
+* A command line, ``python -m tutorial_pkg.benchmark``, that runs it (or any
+  other suite, ``--suite module:function``) and writes a JSON results file;
+  ``benchmarks/suite.py`` also checks the book's performance targets.
 
 Example:
     >>> import torch
@@ -34,6 +39,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import copy
 import dataclasses
 import datetime
 import importlib
@@ -53,23 +59,33 @@ import torch
 import torch.utils.benchmark as torch_benchmark
 
 __all__ = [
+    "ATTENTION_ENCODINGS",
+    "ATTENTION_LIMIT",
+    "ROPE_LIMIT",
     "SCHEMA_VERSION",
+    "SUITE_PARTS",
     "BenchRecord",
     "Case",
     "MemoryStat",
     "Results",
+    "SeedALiBiAttention",
     "SuiteEntry",
     "SuiteFn",
     "Timing",
+    "attention_suite",
     "build_parser",
     "compare",
     "default_suite",
     "format_table",
     "hardware_info",
+    "lm_suite",
     "load_results",
     "main",
     "naive_time_fn",
+    "parse_args",
     "peak_memory",
+    "profiled",
+    "rope_suite",
     "save_results",
     "time_fn",
 ]
@@ -443,6 +459,31 @@ def _quiet_stderr_fd() -> Iterator[None]:
         os.close(saved)
 
 
+@contextlib.contextmanager
+def profiled(**kwargs: Any) -> Iterator[torch.profiler.profile]:
+    """``torch.profiler.profile(**kwargs)`` as a context, minus its stderr chatter.
+
+    The profiler's C++ side prints ``profiler_start``/``profiler_stop`` lines with
+    timestamps straight to file descriptor 2 when it starts and stops; in a
+    notebook they become cell output that changes on every run. They are
+    silenced; everything else is the plain profiler.
+
+    Example:
+        >>> with profiled() as prof:
+        ...     _ = torch.ones(3).sum()
+        >>> any(e.key == "aten::sum" for e in prof.key_averages())
+        True
+    """
+    prof = torch.profiler.profile(**kwargs)
+    with _quiet_stderr_fd():
+        prof.start()
+    try:
+        yield prof
+    finally:
+        with _quiet_stderr_fd():
+            prof.stop()
+
+
 def _cpu_memory_events(prof: torch.profiler.profile) -> tuple[list[tuple[int, int]], str]:
     """(timestamp, signed bytes) of every CPU allocation/free the profiler saw."""
     try:
@@ -582,6 +623,13 @@ def _cpu_model() -> str:
     return platform.processor() or platform.machine() or "unknown CPU"
 
 
+def _loadavg() -> list[float] | None:
+    try:
+        return [round(v, 2) for v in os.getloadavg()]
+    except (AttributeError, OSError):  # not on every OS
+        return None
+
+
 def hardware_info(device: str | torch.device | None = None) -> dict[str, Any]:
     """Describe the machine, so that a results file says where it was measured.
 
@@ -594,8 +642,9 @@ def hardware_info(device: str | torch.device | None = None) -> dict[str, Any]:
         A JSON-serialisable dict with ``device``, ``device_name``, ``cpu``,
         ``num_threads`` (torch intra-op threads), ``cpu_count``, ``gpu_count``,
         ``gpu_memory_gib``, ``torch``, ``cuda`` (CUDA version torch was built
-        with, or ``None``), ``cudnn``, ``python``, ``os``, ``machine`` and
-        ``date`` (ISO 8601, UTC).
+        with, or ``None``), ``cudnn``, ``python``, ``os``, ``machine``,
+        ``loadavg`` (1, 5 and 15-minute load averages when the OS reports them:
+        on a shared machine they say how busy it was) and ``date`` (ISO 8601, UTC).
     """
     dev = _resolve_device(device)
     cpu = _cpu_model()
@@ -618,6 +667,7 @@ def hardware_info(device: str | torch.device | None = None) -> dict[str, Any]:
         "python": platform.python_version(),
         "os": f"{platform.system()} {platform.release()}".strip(),
         "machine": platform.machine(),
+        "loadavg": _loadavg(),
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
     }
     return info
@@ -653,7 +703,11 @@ class BenchRecord:
             ``"fwd+bwd"``).
         device: Device measured.
         reference: Name of the group's reference case.
-        ratio: ``median_ms / reference median_ms`` (> 1: slower than the reference).
+        ratio: Time relative to the reference (> 1: slower). With one round,
+            ``median_ms / reference median_ms``; with several (interleaved)
+            rounds, the median over rounds of that ratio within each round
+            (paired: a busy spell of the machine slows both sides of a pair).
+        round_ratios: The per-round ratios (empty with one round).
         median_ms: See :class:`Timing`; ``None`` if the case failed.
         p25_ms: See :class:`Timing`.
         p75_ms: See :class:`Timing`.
@@ -668,6 +722,12 @@ class BenchRecord:
         net_bytes: See :class:`MemoryStat`.
         memory_method: See :class:`MemoryStat`.
         peak_ratio: ``peak_bytes / reference peak_bytes``.
+        held_bytes: Memory the case keeps alive *between* calls (caches such as a
+            cached bias table), which :attr:`peak_bytes` cannot see; ``None`` if
+            the case does not say (see :class:`Case`).
+        first_call_ms: Wall time of the case's very first call, before any
+            warm-up: one-off costs such as compiling (FlexAttention, fused RoPE)
+            or building a cache. Reported apart, never mixed into the median.
         error: ``"ExceptionType: message"`` if the case raised, else ``None``.
     """
 
@@ -677,6 +737,7 @@ class BenchRecord:
     device: str = "cpu"
     reference: str | None = None
     ratio: float | None = None
+    round_ratios: list[float] = field(default_factory=list)
     median_ms: float | None = None
     p25_ms: float | None = None
     p75_ms: float | None = None
@@ -691,6 +752,8 @@ class BenchRecord:
     net_bytes: int | None = None
     memory_method: str | None = None
     peak_ratio: float | None = None
+    held_bytes: int | None = None
+    first_call_ms: float | None = None
     error: str | None = None
 
     @classmethod
@@ -800,7 +863,8 @@ def format_table(records: Sequence[BenchRecord]) -> str:
 
     Parameters shared by every record are printed once above the table; each row
     shows the rest. ``ratio`` is the median over the group's reference median
-    (the reference row shows ``1.00 ref``).
+    (the reference row shows ``1.00 ref``). ``held MiB`` and ``1st call ms``
+    columns appear when some record has them.
 
     Args:
         records: The records, in display order.
@@ -817,6 +881,17 @@ def format_table(records: Sequence[BenchRecord]) -> str:
         if all(k in r.params and r.params[k] == records[0].params[k] for r in records)
     }
     header = ["group", "case", "params", "median ms", "IQR ms", "runs", "ratio", "peak MiB"]
+    extra_cols = [
+        ("held MiB", lambda r: "-" if r.held_bytes is None else f"{r.held_bytes / 2**20:.2f}"),
+        ("1st call ms", lambda r: _fmt_ms(r.first_call_ms)),
+    ]
+    # optional columns appear only when some record has the value
+    extra_cols = [
+        (title, fmt) for title, fmt in extra_cols
+        if any(getattr(r, "held_bytes" if title == "held MiB" else "first_call_ms") is not None
+               for r in records)
+    ]
+    header += [title for title, _ in extra_cols]
     rows = []
     for r in records:
         own = {k: v for k, v in r.params.items() if k not in common}
@@ -827,6 +902,7 @@ def format_table(records: Sequence[BenchRecord]) -> str:
         peak = "-" if r.peak_mib is None else f"{r.peak_mib:.2f}"
         row = [r.group, r.case, _fmt_params(own), _fmt_ms(r.median_ms), _fmt_ms(r.iqr_ms),
                str(r.n_runs) if r.n_runs else "-", ratio, peak]
+        row += [fmt(r) for _, fmt in extra_cols]
         if r.error:
             row[3] = "error"
         rows.append((row, r.error))
@@ -865,10 +941,14 @@ class Case:
     Attributes:
         fn: Zero-argument callable to measure.
         params: Merged over the group's params in the case's record.
+        held: Optional zero-argument callable returning the bytes the case keeps
+            alive between calls (e.g. a cached bias), read after measuring and
+            stored as :attr:`BenchRecord.held_bytes`.
     """
 
     fn: Callable[[], Any]
     params: Mapping[str, Any] = field(default_factory=dict)
+    held: Callable[[], int] | None = None
 
 
 def _error_text(exc: BaseException) -> str:
@@ -893,13 +973,17 @@ def compare(
 ) -> list[BenchRecord]:
     """Measure several callables side by side and relate each to a reference.
 
+    Each case's first call is timed on its own (:attr:`BenchRecord.first_call_ms`:
+    compilation, cache building), then :func:`time_fn` warms up and measures.
     All cases are measured in this one call -- same process, same machine
     state, minutes apart at most -- which is what makes their ratios
     meaningful: absolute times move with clocks, temperature and driver
     versions, ratios to a reference measured alongside move much less. With
     ``rounds > 1`` the cases are measured in turn, round after round, and each
     case's samples are pooled, so that a slow drift of the machine spreads over
-    every case instead of biasing whichever ran last.
+    every case instead of biasing whichever ran last; the ratio is then the
+    median of the per-round ratios (each case against the reference measured in
+    the same round, seconds apart), which is robust on a shared machine.
 
     Args:
         cases: Case name -> zero-argument callable (or :class:`Case`).
@@ -932,10 +1016,12 @@ def compare(
         raise ValueError(f"reference {reference!r} is not one of the cases {list(cases)}")
     fns: dict[str, Callable[[], Any]] = {}
     case_params: dict[str, dict[str, Any]] = {}
+    helds: dict[str, Callable[[], int] | None] = {}
     for name, spec in cases.items():
         fn, extra = (spec.fn, spec.params) if isinstance(spec, Case) else (spec, {})
         _check_callable(f"cases[{name!r}]", fn)
         fns[name] = fn
+        helds[name] = spec.held if isinstance(spec, Case) else None
         case_params[name] = {**(params or {}), **extra}
     dev = _resolve_device(device)
     _check_int("rounds", rounds, 1)
@@ -948,16 +1034,22 @@ def compare(
     # The reference goes first in every round: if it fails, we know early.
     order = [reference] + [n for n in fns if n != reference]
     samples: dict[str, list[float]] = {n: [] for n in fns}
+    round_medians: dict[str, list[float | None]] = {n: [] for n in fns}
     calls: dict[str, int] = {n: 1 for n in fns}
     method: dict[str, str] = {}
     errors: dict[str, str] = {}
-    for _ in range(rounds):
+    first_ms: dict[str, float] = {}
+    for round_ in range(rounds):
         for name in order:
             if name in errors:
+                round_medians[name].append(None)
                 continue
             try:
-                t = time_fn(fns[name], device=dev, warmup=warmup, min_runs=min_runs,
-                            max_time_s=max_time_s)
+                if name not in first_ms:
+                    first_ms[name] = _first_call_ms(fns[name], dev)
+                # later rounds need no full warm-up: the case ran moments ago
+                t = time_fn(fns[name], device=dev, warmup=warmup if round_ == 0 else min(warmup, 1),
+                            min_runs=min_runs, max_time_s=max_time_s)
             except Exception as exc:
                 if not catch_errors:
                     raise
@@ -965,6 +1057,7 @@ def compare(
                 _after_failure(dev)
                 continue
             samples[name].extend(t.times_ms)
+            round_medians[name].append(t.median_ms)
             calls[name], method[name] = t.calls_per_run, t.method
 
     records: dict[str, BenchRecord] = {}
@@ -985,16 +1078,35 @@ def compare(
             group=group, case=name, params=case_params[name], device=str(dev),
             timing=timing, memory=memory, reference=reference, error=errors.get(name),
         )
+        records[name].first_call_ms = first_ms.get(name)
+        if helds[name] is not None and name not in errors:
+            records[name].held_bytes = int(helds[name]())
         if on_case_done is not None:
             on_case_done(name)
 
     ref = records[reference]
-    for rec in records.values():
+    for name, rec in records.items():
         if rec.median_ms is not None and ref.median_ms:
             rec.ratio = rec.median_ms / ref.median_ms
+            if rounds > 1:
+                pairs = [a / b for a, b in zip(round_medians[name], round_medians[reference],
+                                               strict=True) if a is not None and b]
+                rec.round_ratios = pairs
+                rec.ratio = float(np.median(pairs)) if pairs else rec.ratio
         if rec.peak_bytes is not None and ref.peak_bytes:
             rec.peak_ratio = rec.peak_bytes / ref.peak_bytes
     return [records[n] for n in fns]
+
+
+def _first_call_ms(fn: Callable[[], Any], dev: torch.device) -> float:
+    """Wall time of one call, synchronised on CUDA (compile and cache-building costs)."""
+    if dev.type == "cuda":
+        torch.cuda.synchronize(dev)
+    start = time.perf_counter()
+    fn()
+    if dev.type == "cuda":
+        torch.cuda.synchronize(dev)
+    return (time.perf_counter() - start) * 1e3
 
 
 def _after_failure(dev: torch.device) -> None:
@@ -1031,9 +1143,28 @@ class SuiteEntry(NamedTuple):
 #: one group's inputs need to exist at a time).
 SuiteFn = Callable[[argparse.Namespace], Iterable[SuiteEntry]]
 
-_QUICK = {"lengths": [128, 256], "warmup": 1, "min_runs": 3, "max_time": 0.02, "passes": ["fwd"]}
-_FULL = {"warmup": 3, "min_runs": 10, "max_time": 0.5, "passes": ["fwd", "fwd+bwd"]}
-_FULL_LENGTHS = {"cpu": [256, 512, 1024, 2048], "cuda": [512, 1024, 2048, 4096, 8192]}
+#: Presets of the command line (``--quick`` is a smoke test, not a measurement).
+_QUICK = {
+    "lengths": [64, 128], "warmup": 1, "min_runs": 3, "max_time": 0.02, "rounds": 1,
+    "passes": ["fwd"], "backends": ["naive", "sdpa", "auto"], "rope_shape": [1, 4, 128, 64],
+    "lm_batch": 4, "lm_len": 32,
+}
+_FULL = {
+    "warmup": 3, "min_runs": 5, "max_time": 0.5, "rounds": 3, "passes": ["fwd", "fwd+bwd"],
+    "backends": ["naive", "sdpa", "flex", "auto"], "rope_shape": [4, 8, 2048, 64],
+    "lm_batch": 32, "lm_len": 64,
+}
+_FULL_LENGTHS = {"cpu": [512, 1024, 2048, 4096], "cuda": [1024, 2048, 4096, 8192, 16384]}
+#: Parts of the standard suite, in the order they run.
+SUITE_PARTS = ("attention", "rope", "lm")
+#: Encodings of the attention part: the others (sinusoidal, learned) act on the
+#: embeddings, so their attention is NoPE's; they appear in the ``lm`` part.
+ATTENTION_ENCODINGS = ("nope", "rope", "alibi", "hybrid")
+#: Name of the attention part's limit reference: PyTorch's fused causal attention
+#: without any encoding. Nothing that attends causally can do much better.
+ATTENTION_LIMIT = "limit: sdpa causal"
+#: Name of the RoPE part's limit reference: copying q and k (one read, one write).
+ROPE_LIMIT = "limit: clone q,k"
 
 
 def _naive_causal_attention(
@@ -1053,6 +1184,74 @@ def _sdpa_causal(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Ten
     return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
 
 
+class SeedALiBiAttention:
+    """The source articles' ALiBi attention, reconstructed from their description.
+
+    Kept only as a measured point of comparison (chapters 3 and 5): slopes as in
+    Press et al.'s ``get_slopes``; the bias ``-m (i - j)`` precomputed into a
+    fixed ``(H, max_len, max_len)`` buffer in ``__init__`` and sliced (the
+    articles use ``max_len=2048``, so their code breaks past 2048 tokens); a causal
+    mask built on every call with ``torch.tril``; ``masked_fill(mask == 0, -inf)``;
+    softmax; weighted sum. Everything ``L x L`` is materialised, in float32.
+
+    Args:
+        n_heads: heads.
+        max_len: side of the precomputed buffer.
+        device: where the buffer lives.
+    """
+
+    def __init__(self, n_heads: int, max_len: int = 2048, device=None) -> None:
+        from .alibi import alibi_slopes
+
+        slopes = alibi_slopes(n_heads, device=device)
+        pos = torch.arange(max_len, device=device)
+        distance = (pos[:, None] - pos[None, :]).float()
+        self.alibi_biases = -slopes[:, None, None] * distance  # (H, max_len, max_len)
+
+    def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """``[b, H, L, d]`` heads in, attention output out (float32 arithmetic)."""
+        L = q.shape[-2]
+        scores = (q.float() @ k.float().transpose(-2, -1)) / math.sqrt(q.shape[-1])
+        scores = scores + self.alibi_biases[:, :L, :L]  # past max_len: a shape error
+        mask = torch.tril(torch.ones(L, L, device=q.device))
+        scores = scores.masked_fill(mask == 0, float("-inf"))
+        return (torch.softmax(scores, dim=-1) @ v.float()).to(q.dtype)
+
+
+def _held_bytes(*modules: Any) -> int:
+    """Bytes of the buffers and caches a module keeps between calls (encodings, seeds)."""
+    seen: set[int] = set()
+    total = 0
+
+    def add(t: Any) -> None:
+        nonlocal total
+        if isinstance(t, torch.Tensor) and t.numel():
+            storage = t.untyped_storage()
+            if storage.data_ptr() not in seen:  # views of one cache count once
+                seen.add(storage.data_ptr())
+                total += storage.nbytes()
+
+    for m in modules:
+        if isinstance(m, torch.nn.Module):
+            for sub in m.modules():
+                for t in sub.buffers(recurse=False):
+                    add(t)
+                for cache in ("_bias_cache", "_row_cache"):
+                    for t in getattr(sub, cache, {}).values():
+                        add(t)
+        else:
+            for t in vars(m).values():
+                add(t)
+    return total
+
+
+def _unsupported(reason: str) -> Callable[[], Any]:
+    def run() -> Any:
+        raise NotImplementedError(reason)
+
+    return run
+
+
 def _make_call(
     attn: Callable[..., torch.Tensor],
     inputs: Sequence[torch.Tensor],
@@ -1061,7 +1260,9 @@ def _make_call(
 ) -> Callable[[], Any]:
     if pass_ == "fwd":
         def run() -> Any:
-            return attn(*inputs)
+            # the inference path: no autograd graph (FlexAttention on CPU needs it)
+            with torch.no_grad():
+                return attn(*inputs)
     else:
         def run() -> Any:
             # autograd.grad returns the gradients instead of accumulating them
@@ -1072,52 +1273,223 @@ def _make_call(
     return run
 
 
-def default_suite(args: argparse.Namespace) -> Iterator[SuiteEntry]:
-    """Minimal self-contained suite: fused vs naive causal attention.
+def _suite_dtype(args: argparse.Namespace) -> torch.dtype:
+    return getattr(torch, args.dtype)
 
-    For each length and pass: ``sdpa`` (``scaled_dot_product_attention(...,
-    is_causal=True)``, the reference) against ``naive`` (matmul-softmax-matmul
-    with a precomputed causal mask), batch 1, 8 heads, head dim 64.
 
-    HOOK: the full suite (encodings x backends) is registered in
-    ``benchmarks/suite.py`` / by ``tutorial_pkg.attention`` and will extend this
-    function; any other suite can be run with ``--suite module:function`` (a
-    function with this signature).
+def attention_suite(args: argparse.Namespace) -> Iterator[SuiteEntry]:
+    """Attention alone, per length and pass: every encoding x backend next to the limit.
+
+    One group per (length, pass). In each: the limit reference
+    (:data:`ATTENTION_LIMIT`, ``scaled_dot_product_attention(..., is_causal=True)``
+    without any encoding), then ``{encoding}/{backend}`` for
+    ``args.encodings`` x ``args.backends`` through
+    :meth:`~tutorial_pkg.attention.MultiHeadAttention.attend` (q, k, v already
+    projected: projections cost the same for every case and would only dilute the
+    ratios), and for ALiBi two extra points: ``alibi/seed``
+    (:class:`SeedALiBiAttention`, its buffer grown to the length) and
+    ``alibi/sdpa-3d-mask`` (the bias passed as a 3-D ``(H, L, L)`` mask, which
+    CPU SDPA silently runs on its slow math path). ``auto`` is listed only for
+    encodings with a bias (otherwise it is the ``sdpa`` path). ``flex`` has no CPU
+    backward in torch 2.13: that case is recorded as an error, not measured.
+
+    ``fwd`` runs under ``torch.no_grad()`` (inference); ``fwd+bwd`` returns the
+    gradients of q, k, v. Every case of an encoding gets its own encoding object,
+    so each record's ``held_bytes`` is that path's own cache.
 
     Args:
-        args: Parsed arguments of :func:`build_parser` (``device``, ``lengths``,
-            ``dtype``, ``passes``, ``batch``, ``heads``, ``head_dim``).
+        args: Parsed arguments (``device``, ``dtype``, ``lengths``, ``passes``,
+            ``batch``, ``heads``, ``head_dim``, ``encodings``, ``backends``).
 
     Yields:
-        One :class:`SuiteEntry` per (length, pass). Inputs are created when the
-        entry is generated, so only the current group's tensors are alive.
+        One :class:`SuiteEntry` per (length, pass); inputs are created when the
+        entry is generated, so only one group's tensors are alive at a time.
     """
+    from .attention import MultiHeadAttention
+    from .encodings import make_encoding
+
     device = torch.device(args.device)
-    dtype = getattr(torch, args.dtype)
+    dtype = _suite_dtype(args)
     batch, heads, head_dim = args.batch, args.heads, args.head_dim
     for seq_len in args.lengths:
         for pass_ in args.passes:
+            train = pass_ == "fwd+bwd"
             gen = torch.Generator().manual_seed(seq_len)  # same inputs on every run
             shape = (batch, heads, seq_len, head_dim)
             q, k, v = (
                 torch.randn(shape, generator=gen).to(device=device, dtype=dtype)
-                .requires_grad_(pass_ == "fwd+bwd")
+                .requires_grad_(train)
                 for _ in range(3)
             )
-            grad_out = (
-                torch.randn(shape, generator=gen).to(device=device, dtype=dtype)
-                if pass_ == "fwd+bwd" else None
-            )
-            mask = torch.ones(seq_len, seq_len, dtype=torch.bool, device=device).triu(1)
-            cases = {
-                "sdpa": _make_call(_sdpa_causal, (q, k, v), pass_, grad_out),
-                "naive": _make_call(_naive_causal_attention, (q, k, v, mask), pass_, grad_out),
+            grad_out = torch.randn(shape, generator=gen).to(device, dtype) if train else None
+            cases: dict[str, Case] = {
+                ATTENTION_LIMIT: Case(_make_call(_sdpa_causal, (q, k, v), pass_, grad_out),
+                                      {"encoding": "none", "backend": "sdpa"}),
             }
+            for enc_name in args.encodings:
+                for backend in args.backends:
+                    enc = make_encoding(enc_name, d_model=heads * head_dim, n_heads=heads,
+                                        max_len=seq_len)
+                    if backend == "auto" and not enc.has_bias:
+                        continue  # auto is exactly the sdpa path here
+                    layer = MultiHeadAttention(heads * head_dim, heads, enc, backend=backend)
+                    layer = layer.to(device)
+                    if backend == "flex" and train and device.type == "cpu":
+                        fn = _unsupported("FlexAttention has no CPU backward in this torch")
+                    else:
+                        fn = _make_call(layer.attend, (q, k, v), pass_, grad_out)
+                    cases[f"{enc_name}/{backend}"] = Case(
+                        fn, {"encoding": enc_name, "backend": backend},
+                        held=lambda enc=enc: _held_bytes(enc),
+                    )
+                if enc_name == "alibi":
+                    seed = SeedALiBiAttention(heads, max(2048, seq_len), device=device)
+                    cases["alibi/seed"] = Case(
+                        _make_call(seed, (q, k, v), pass_, grad_out),
+                        {"encoding": "alibi", "backend": "seed"},
+                        held=lambda seed=seed: _held_bytes(seed),
+                    )
+                    enc3 = make_encoding("alibi", n_heads=heads)
+                    bias3 = enc3.attn_bias(0, seq_len, seq_len, causal=True, device=device,
+                                           dtype=dtype)[0]  # (H, L, L): a 3-D mask
+
+                    def sdpa_3d(q_, k_, v_, bias3=bias3):
+                        return torch.nn.functional.scaled_dot_product_attention(
+                            q_, k_, v_, attn_mask=bias3)
+
+                    cases["alibi/sdpa-3d-mask"] = Case(
+                        _make_call(sdpa_3d, (q, k, v), pass_, grad_out),
+                        {"encoding": "alibi", "backend": "sdpa-3d-mask"},
+                        held=lambda enc3=enc3: _held_bytes(enc3),
+                    )
             params = {
-                "op": "causal_attention", "seq_len": seq_len, "batch": batch, "heads": heads,
+                "op": "attention", "seq_len": seq_len, "batch": batch, "heads": heads,
                 "head_dim": head_dim, "dtype": args.dtype, "pass": pass_,
             }
-            yield SuiteEntry(f"attn L={seq_len} {pass_}", cases, "sdpa", params)
+            yield SuiteEntry(f"attn L={seq_len} {pass_}", cases, ATTENTION_LIMIT, params)
+
+
+def rope_suite(args: argparse.Namespace) -> Iterator[SuiteEntry]:
+    """Applying RoPE to q and k, per dtype, next to copying them (:data:`ROPE_LIMIT`).
+
+    Cases: ``apply_rope`` (the readable reference form), ``rotate`` (the package's
+    :class:`~tutorial_pkg.rope.RotaryEmbedding` on q and k, three passes each),
+    ``rotate fused`` (the same with ``fused=True``: one compiled call for q and k;
+    its compile time is the record's ``first_call_ms``), ``rotate_half`` (Hugging Face's
+    ``x * cos + rotate_half(x) * sin``) and ``complex`` (Meta's
+    ``view_as_complex`` form, interleaved layout; float32 arithmetic). Shape
+    ``args.rope_shape`` = (batch, heads, length, head_dim); dtypes float32 and
+    bfloat16 (float16 too on CUDA). Inference (no autograd).
+
+    Every call allocates its outputs with the default allocator, as a model
+    would; on Linux, large blocks come back from the OS and each first touch of
+    a page faults (~1 us per 4 KiB page here), which is part of what is
+    measured, for the reference as for the cases.
+    """
+    device = torch.device(args.device)
+    dtypes = ["float32", "bfloat16"] + (["float16"] if device.type == "cuda" else [])
+    for dtype_name in dtypes:
+        yield _rope_entry(device, tuple(args.rope_shape), dtype_name)
+
+
+def _rope_entry(device: torch.device, shape: tuple[int, ...], dtype_name: str) -> SuiteEntry:
+    from .rope import RotaryEmbedding, apply_rope, apply_rope_complex, precompute_freqs_cis
+    from .rope import rotate_half as hf_rotate_half
+
+    b, h, s, d = shape
+    dtype = getattr(torch, dtype_name)
+    gen = torch.Generator().manual_seed(s)
+    q, k = (torch.randn(b, h, s, d, generator=gen).to(device, dtype) for _ in range(2))
+    eager = RotaryEmbedding(d).to(device)
+    fused = RotaryEmbedding(d, fused=True).to(device)
+    cos, sin = eager.cos_sin(start=0, length=s)
+    cos_full = torch.cat((cos, cos), -1).to(dtype)
+    sin_full = torch.cat((sin, sin), -1).to(dtype)
+    freqs = precompute_freqs_cis(d, s).to(device)
+
+    def run(fn: Callable[[torch.Tensor], torch.Tensor]) -> Callable[[], Any]:
+        def call() -> Any:
+            with torch.no_grad():
+                return fn(q), fn(k)
+        return call
+
+    def run_pair(module: torch.nn.Module) -> Callable[[], Any]:
+        def call() -> Any:
+            with torch.no_grad():
+                return module(q, k)  # RotaryEmbedding.forward: q and k at positions 0..s-1
+        return call
+
+    cases = {
+        ROPE_LIMIT: Case(run(torch.clone), {"impl": "clone"}),
+        "apply_rope": Case(run(lambda x: apply_rope(x, cos, sin)), {"impl": "reference"}),
+        "rotate": Case(run_pair(eager), {"impl": "eager"}),
+        "rotate fused": Case(run_pair(fused), {"impl": "compiled"}),
+        "rotate_half": Case(run(lambda x: x * cos_full + hf_rotate_half(x) * sin_full),
+                            {"impl": "hugging face"}),
+        "complex": Case(run(lambda x: apply_rope_complex(x, freqs)), {"impl": "meta"}),
+    }
+    params = {"op": "rope", "shape": [b, h, s, d], "dtype": dtype_name, "pass": "fwd"}
+    return SuiteEntry(f"rope {dtype_name}", cases, ROPE_LIMIT, params)
+
+
+def lm_suite(args: argparse.Namespace) -> Iterator[SuiteEntry]:
+    """One training step of the tiny LM per encoding, next to the NoPE step.
+
+    The step: zero the gradients, forward, cross-entropy, backward, AdamW step,
+    on a batch of ``args.lm_batch`` windows of ``args.lm_len`` tokens, with the
+    model of chapter 7 (d_model 96, 3 layers, 4 heads) on the ``"auto"`` backend,
+    plus ``alibi (sdpa backend)`` for comparison. The reference is ``nope``:
+    the same model with no position information, i.e. what a step costs before
+    any encoding adds work.
+    """
+    from .model import TinyLM
+
+    device = torch.device(args.device)
+    batch, length = args.lm_batch, args.lm_len
+    gen = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, 256, (batch, length + 1), generator=gen).to(device)
+    x, y = ids[:, :-1], ids[:, 1:]
+    encodings = ["nope", "sinusoidal", "learned", "rope", "alibi", "hybrid"]
+    variants = [(name, "auto") for name in encodings] + [("alibi", "sdpa")]
+    cases: dict[str, Case] = {}
+    for name, backend in variants:
+        model = TinyLM(name, d_model=96, n_layers=3, n_heads=4, max_len=length,
+                       backend=backend).to(device)
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+
+        def step(model=model, opt=opt) -> Any:
+            opt.zero_grad(set_to_none=True)
+            loss = model.loss(x, y)
+            loss.backward()
+            opt.step()
+            return loss.detach()
+
+        label = name if backend == "auto" else f"{name} ({backend} backend)"
+        cases[label] = Case(step, {"encoding": name, "backend": backend},
+                            held=lambda model=model: _held_bytes(model.encoding))
+    params = {"op": "lm train step", "batch": batch, "seq_len": length, "d_model": 96,
+              "layers": 3, "heads": 4, "pass": "fwd+bwd+adamw"}
+    yield SuiteEntry(f"lm step L={length}", cases, "nope", params)
+
+
+def default_suite(args: argparse.Namespace) -> Iterator[SuiteEntry]:
+    """The standard suite: the parts in ``args.parts`` (default all of :data:`SUITE_PARTS`).
+
+    ``attention`` (:func:`attention_suite`), ``rope`` (:func:`rope_suite`) and
+    ``lm`` (:func:`lm_suite`); each group measures its cases side by side with
+    its limit reference. ``benchmarks/suite.py`` runs it and checks the book's
+    performance targets; any other suite can be run with ``--suite
+    module:function`` (a function with this signature).
+
+    Args:
+        args: Parsed and completed arguments of :func:`build_parser`.
+
+    Yields:
+        :class:`SuiteEntry` groups, generated lazily.
+    """
+    parts = {"attention": attention_suite, "rope": rope_suite, "lm": lm_suite}
+    for part in getattr(args, "parts", None) or SUITE_PARTS:
+        yield from parts[part](args)
 
 
 def _load_suite(spec: str) -> SuiteFn:
@@ -1149,10 +1521,21 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--batch", type=int, default=1)
     p.add_argument("--heads", type=int, default=8)
     p.add_argument("--head-dim", type=int, default=64)
+    p.add_argument("--parts", nargs="+", choices=list(SUITE_PARTS), default=None,
+                   help="parts of the standard suite to run (default: all)")
+    p.add_argument("--encodings", nargs="+", choices=list(ATTENTION_ENCODINGS), default=None,
+                   help="encodings of the attention part (default: all four)")
+    p.add_argument("--backends", nargs="+", choices=["naive", "sdpa", "flex", "auto"],
+                   default=None, help="attention backends (default: all; --quick: no flex)")
+    p.add_argument("--rope-shape", type=int, nargs=4, default=None, metavar=("B", "H", "S", "D"),
+                   help="q/k shape of the rope part (default 4 8 2048 64)")
+    p.add_argument("--lm-batch", type=int, default=None, help="batch of the lm part (32)")
+    p.add_argument("--lm-len", type=int, default=None, help="window of the lm part (64)")
     p.add_argument("--warmup", type=int, default=None)
     p.add_argument("--min-runs", type=int, default=None)
     p.add_argument("--max-time", type=float, default=None, help="seconds per case and round")
-    p.add_argument("--rounds", type=int, default=1)
+    p.add_argument("--rounds", type=int, default=None,
+                   help="interleaved measuring rounds over a group's cases (default 3)")
     p.add_argument("--threads", type=int, default=None,
                    help="torch CPU threads for this process (default: torch's own)")
     p.add_argument("--no-memory", action="store_true", help="skip peak-memory measurement")
@@ -1173,10 +1556,23 @@ def _finish_args(args: argparse.Namespace) -> argparse.Namespace:
         args.passes = list(preset["passes"])
     if args.dtype is None:
         args.dtype = "float16" if kind == "cuda" else "float32"
-    for name in ("warmup", "min_runs", "max_time"):
-        if getattr(args, name) is None:
-            setattr(args, name, preset[name])
+    for name in ("warmup", "min_runs", "max_time", "rounds", "backends", "rope_shape",
+                 "lm_batch", "lm_len"):
+        if getattr(args, name, None) is None:
+            setattr(args, name, copy.copy(preset[name]))
+    if getattr(args, "encodings", None) is None:
+        args.encodings = list(ATTENTION_ENCODINGS)
+    if getattr(args, "parts", None) is None:
+        args.parts = list(SUITE_PARTS)
     return args
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    """Command-line style arguments, parsed and completed: what a suite function takes.
+
+    Example: ``attention_suite(parse_args(["--lengths", "256", "--passes", "fwd"]))``.
+    """
+    return _finish_args(build_parser().parse_args([] if argv is None else list(argv)))
 
 
 def main(argv: Sequence[str] | None = None, *, suite: SuiteFn | None = None) -> int:
@@ -1205,21 +1601,25 @@ def main(argv: Sequence[str] | None = None, *, suite: SuiteFn | None = None) -> 
         torch.set_num_threads(args.threads)  # the CLI is the caller: its choice to make
 
     hardware = hardware_info(args.device)
+    print(f"{hardware['device_name']} ({hardware['device']}), torch {hardware['torch']}, "
+          f"{hardware['num_threads']} threads, load average {hardware['loadavg']}", flush=True)
     entries = suite(args)
     total = sum(len(e.cases) for e in entries) if isinstance(entries, Sequence) else None
     records: list[BenchRecord] = []
     with tqdm(total=total, unit="case", disable=args.no_progress, file=sys.stderr) as bar:
         for group, cases, reference, params in entries:
             bar.set_description(group)
-            records.extend(compare(
+            group_records = compare(
                 cases, reference, device=args.device, group=group, params=params,
                 warmup=args.warmup, min_runs=args.min_runs, max_time_s=args.max_time,
                 rounds=args.rounds, measure_memory=not args.no_memory,
                 on_case_done=lambda _name: bar.update(1),
-            ))
-    print(f"{hardware['device_name']} ({hardware['device']}), torch {hardware['torch']}, "
-          f"{hardware['num_threads']} threads")
-    print(format_table(records))
+            )
+            records.extend(group_records)
+            # one table per group as soon as it is measured (long runs show progress)
+            bar.clear()
+            print(format_table(group_records) + "\n", flush=True)
+    hardware["loadavg_end"] = _loadavg()
     if args.out is not None:
         save_results(records, args.out, hardware)
         print(f"wrote {args.out}")

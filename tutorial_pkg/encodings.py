@@ -11,7 +11,13 @@ hook                            used by                    returns
 ``rotate(q, k, q_pos, k_pos)``  RoPE, hybrid               rotated ``q, k``
 ``bias(q_pos, k_pos)``          ALiBi, hybrid              fp32 ``(H, L_q, L_k)`` or None
 ``score_mod(q_offset)``         ALiBi, hybrid (Flex)       a FlexAttention score_mod
+``key_bias(k_pos)``             ALiBi, hybrid (fast path)  ``(H, 1, L_k)`` or None
 ==============================  =========================  ===========================
+
+``key_bias`` is an optional fourth view of the ``bias`` hook, for speed: when the bias
+equals a per-key row *up to a constant per query*, softmax cannot tell them apart
+(``softmax(s + c) = softmax(s)``), so attention may add the row ``(H, 1, L_k)`` instead of
+the ``(H, L_q, L_k)`` matrix. Causal ALiBi is such a bias: ``-m (i - j) = m j - m i``.
 
 Positions are explicit integer tensors, so decoding with a KV cache is correct for
 every encoding: a new token at position ``t`` is embedded, rotated and biased as
@@ -63,6 +69,7 @@ class PositionEncoding(nn.Module):
     def __init__(self) -> None:
         super().__init__()
         self._bias_cache: dict = {}
+        self._row_cache: dict = {}
 
     # -- the three hooks --------------------------------------------------------------
     def embed(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
@@ -79,6 +86,17 @@ class PositionEncoding(nn.Module):
 
     def score_mod(self, q_offset: int = 0):
         """FlexAttention ``score_mod`` equal to adding :meth:`bias`, or ``None``."""
+        return None
+
+    def key_bias(self, k_pos: torch.Tensor) -> torch.Tensor | None:
+        """The bias as one row per head, float32 ``(H, 1, L_k)``, or ``None``.
+
+        Only for a bias that depends on the query through a per-query constant
+        alone, ``bias(i, j) = row(j) + c(i)``: softmax is shift invariant along each
+        query's row, so adding ``row`` gives the same attention weights as adding
+        :meth:`bias`. ``None`` (the default) means the bias has no such form (or
+        there is no bias). Used by the ``"auto"`` attention backend.
+        """
         return None
 
     @property
@@ -122,9 +140,37 @@ class PositionEncoding(nn.Module):
                 bias = bias.masked_fill(future, float("-inf"))
         return bias.to(dtype).unsqueeze(0)
 
+    def attn_key_bias(self, k_len: int, *, device) -> torch.Tensor | None:
+        """:meth:`key_bias` for keys ``0..k_len-1`` as a 4-D mask ``(1, H, 1, k_len)``, cached.
+
+        Float32 whatever the dtype of q and k (float64 for float64 slopes): the row
+        holds ``m_h j``, which grows with ``j``; rounded to bfloat16 it would lose the
+        small differences between neighbouring keys (in float32 the absolute error is
+        about ``m_h j 2**-24``, ~1e-4 for ``m = 1/2`` at ``j = 4096``). One row per
+        device is built for the longest length seen (rounded up to a power of two)
+        and sliced: ``H`` floats per position, not ``H L`` as for :meth:`attn_bias`.
+        A learnable bias (``static_bias = False``) is rebuilt on every call.
+        ``None`` if the encoding has no :meth:`key_bias`.
+        """
+        if not self.static_bias:
+            row = self.key_bias(torch.arange(k_len, device=device))
+            return None if row is None else row.unsqueeze(0)
+        key = torch.device(device)
+        row = self._row_cache.get(key)
+        if row is None or row.shape[-1] < k_len:
+            size = max(128, 1 << (k_len - 1).bit_length())
+            with torch.no_grad():
+                row = self.key_bias(torch.arange(size, device=device))
+            if row is None:
+                return None
+            row = row.unsqueeze(0)
+            self._row_cache[key] = row
+        return row[..., :k_len]
+
     def clear_cache(self) -> None:
-        """Drop cached bias tables (after changing slopes or scaling by hand)."""
+        """Drop cached bias tables and rows (after changing slopes or scaling by hand)."""
         self._bias_cache.clear()
+        self._row_cache.clear()
 
     def _apply(self, fn, *args, **kwargs):
         # .to()/.cuda()/.half() invalidate caches built for the old device or dtype.
@@ -199,6 +245,8 @@ class Rotary(PositionEncoding):
         layout: ``"half"`` (Hugging Face) or ``"interleaved"`` (Meta).
         scaling: context extension rule, e.g. ``{"type": "yarn", "factor": 4, ...}``.
         max_position: optional hard limit on positions.
+        fused: one compiled kernel for the rotation (see
+            :class:`~tutorial_pkg.rope.RotaryEmbedding`).
     """
 
     name = "rope"
@@ -212,15 +260,16 @@ class Rotary(PositionEncoding):
         layout: str = "half",
         scaling: dict | None = None,
         max_position: int | None = None,
+        fused: bool = False,
     ) -> None:
         super().__init__()
         self.rope = RotaryEmbedding(
             head_dim, base, rotary_dim=rotary_dim, layout=layout, scaling=scaling,
-            max_position=max_position,
+            max_position=max_position, fused=fused,
         )
 
     def rotate(self, q, k, q_pos, k_pos):
-        return self.rope.rotate(q, q_pos), self.rope.rotate(k, k_pos)
+        return self.rope(q, k, q_pos, k_pos)  # cos/sin looked up once when q_pos is k_pos
 
     def set_scaling(self, scaling: dict | None) -> None:
         """Change the RoPE scaling rule (e.g. at evaluation).
@@ -253,6 +302,12 @@ class ALiBi(PositionEncoding):
     def score_mod(self, q_offset: int = 0):
         return alibi_score_mod(self.slopes, mode=self.mode, q_offset=q_offset)
 
+    def key_bias(self, k_pos):
+        # -m (i - j) = m j - m i: the key-only row, for the causal and key_only forms
+        if self.mode == "symmetric":
+            return None
+        return alibi_bias(self.slopes, k_pos[:1], k_pos, mode="key_only")
+
 
 class Hybrid(PositionEncoding):
     """RoPE on ``q, k`` plus the ALiBi bias on the scores. Chapter 6.
@@ -275,7 +330,7 @@ class Hybrid(PositionEncoding):
         alpha: weight of the RoPE scores for ``mix="alpha"`` (in ``[0, 1]``).
         learnable_scale: learn a per-head multiplier of the ALiBi slopes.
         mode: ALiBi form, see :class:`ALiBi`.
-        layout, rotary_dim, scaling, max_position: as for :class:`Rotary`.
+        layout, rotary_dim, scaling, max_position, fused: as for :class:`Rotary`.
     """
 
     name = "hybrid"
@@ -294,11 +349,12 @@ class Hybrid(PositionEncoding):
         rotary_dim: int | None = None,
         scaling: dict | None = None,
         max_position: int | None = None,
+        fused: bool = False,
     ) -> None:
         super().__init__()
         self.rope = RotaryEmbedding(
             head_dim, base, rotary_dim=rotary_dim, layout=layout, scaling=scaling,
-            max_position=max_position,
+            max_position=max_position, fused=fused,
         )
         self.n_heads = check_positive_int("n_heads", n_heads)
         self.mode = check_choice("mode", mode, ALIBI_MODES)
@@ -322,7 +378,7 @@ class Hybrid(PositionEncoding):
         return slopes
 
     def rotate(self, q, k, q_pos, k_pos):
-        q, k = self.rope.rotate(q, q_pos), self.rope.rotate(k, k_pos)
+        q, k = self.rope(q, k, q_pos, k_pos)
         if self.mix == "alpha":
             q = q * self.alpha  # the seeds' alpha multiplies the content scores too
         return q, k
@@ -332,6 +388,11 @@ class Hybrid(PositionEncoding):
 
     def score_mod(self, q_offset: int = 0):
         return alibi_score_mod(self.effective_slopes(), mode=self.mode, q_offset=q_offset)
+
+    def key_bias(self, k_pos):
+        if self.mode == "symmetric":
+            return None
+        return alibi_bias(self.effective_slopes(), k_pos[:1], k_pos, mode="key_only")
 
     def set_scaling(self, scaling: dict | None) -> None:
         """Change the RoPE scaling rule (e.g. at evaluation)."""

@@ -28,6 +28,7 @@ Shapes: q and k are ``[b, n_h, s, h_d]`` (the layout of
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Callable
 
 import torch
@@ -250,6 +251,113 @@ def apply_rope(
     return out
 
 
+def _apply_rope_fast(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: str):
+    """:func:`apply_rope` in fewer passes over ``x``; equal up to rounding (chapter 5).
+
+    :func:`apply_rope` is the readable form: four products, a difference, a sum and
+    a concatenation, i.e. seven elementwise kernels and six temporaries of half
+    the size of ``x``. Elementwise kernels are limited by memory traffic, so here:
+
+    * half layout: ``out = x * [cos, cos]``, then ``out[:, :r/2] -= x2 sin`` and
+      ``out[:, r/2:] += x1 sin`` in place (``addcmul_``): three kernels, one
+      allocation;
+    * interleaved layout in float32/float64: one complex multiplication, the
+      pairs ``(x[2i], x[2i+1])`` viewed as complex numbers (Meta's form);
+      otherwise the three-kernel form on strided views.
+
+    Both keep autograd (the in-place updates touch a fresh tensor that no
+    backward formula saved). Partial rotary falls back to :func:`apply_rope`.
+    """
+    half = cos.shape[-1]
+    if 2 * half != x.shape[-1]:
+        return apply_rope(x, cos, sin, layout)
+    c, s = cos.to(x.dtype), sin.to(x.dtype)
+    if layout == "half":
+        out = x * torch.cat((c, c), dim=-1)
+        out[..., :half].addcmul_(x[..., half:], s, value=-1)
+        out[..., half:].addcmul_(x[..., :half], s)
+        return out
+    pairs = x.unflatten(-1, (half, 2))
+    if (
+        x.dtype in (torch.float32, torch.float64)
+        and pairs.stride(-1) == 1
+        and pairs.storage_offset() % 2 == 0
+        and all(st % 2 == 0 for st in pairs.stride()[:-1])
+    ):
+        rotated = torch.view_as_complex(pairs) * torch.complex(c, s)
+        return torch.view_as_real(rotated).flatten(-2)
+    out = x * torch.stack((c, c), dim=-1).flatten(-2)
+    out[..., 0::2].addcmul_(x[..., 1::2], s, value=-1)
+    out[..., 1::2].addcmul_(x[..., 0::2], s)
+    return out
+
+
+def _rope_half_fp32(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """The body that torch.compile fuses into one kernel (float32 arithmetic).
+
+    ``sin`` is ``(s, r/2)``, or for 16-bit ``x`` the signed table ``(s, 2, r/2)`` =
+    ``[-sin, sin]``: then the two halves are one broadcast expression over a
+    ``(..., 2, r/2)`` view of ``x``, which inductor's CPU code vectorises (~2.5x
+    faster in bfloat16 than the concatenation form, measured); in float32 the
+    concatenation form is as fast.
+    """
+    half = cos.shape[-1]
+    if sin.dim() == cos.dim() + 1:
+        pairs = x.unflatten(-1, (2, half)).float()
+        out = pairs * cos.unsqueeze(-2) + pairs.flip(-2) * sin
+        return out.flatten(-2).to(x.dtype)
+    x1, x2 = x[..., :half].float(), x[..., half:].float()
+    return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).to(x.dtype)
+
+
+def _rope_half_fp32_pair(q, k, cos, sin):
+    # q and k in one compiled call: one launch, one guard check (measurably cheaper
+    # than two calls when the tensors are a few MB)
+    return _rope_half_fp32(q, cos, sin), _rope_half_fp32(k, cos, sin)
+
+
+def _fused_tables(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
+    """cos/sin as :func:`_rope_half_fp32` wants them for ``x``'s dtype."""
+    if x.element_size() == 2:
+        return cos, torch.stack((-sin, sin), dim=-2)
+    return cos, sin
+
+
+_fused_rope: dict = {}
+
+
+def _fused_rope_fn(pair: bool = False):
+    """The fused rotation compiled once per process, or None if compiling failed."""
+    key = "pair" if pair else "one"
+    if key not in _fused_rope:  # compiling happens at the first call
+        body = _rope_half_fp32_pair if pair else _rope_half_fp32
+        _fused_rope[key] = torch.compile(body)
+    return _fused_rope[key]
+
+
+def _call_fused(pair: bool, *args):
+    """Run the fused rotation; None (and a warning, once) if it cannot compile here.
+
+    Every dimension but the feature axis is marked dynamic, so one compilation
+    serves all batch sizes, head counts and lengths; the feature axis stays a
+    constant (a symbolic head_dim keeps inductor from vectorising the kernel:
+    ~10x slower in bfloat16, measured).
+    """
+    fn = _fused_rope_fn(pair)
+    if fn is None:
+        return None
+    for t in args:
+        for dim in range(t.dim() - 1 if t.dim() > 1 else 0):
+            torch._dynamo.maybe_mark_dynamic(t, dim)
+    try:
+        return fn(*args)
+    except Exception as err:  # pragma: no cover - no C++ compiler / unsupported platform
+        warnings.warn(f"fused RoPE failed to compile, using eager ops: {err}", RuntimeWarning,
+                      stacklevel=3)
+        _fused_rope["one"] = _fused_rope["pair"] = None
+        return None
+
+
 def precompute_freqs_cis(dim: int, end: int, theta: float = 10000.0) -> torch.Tensor:
     """Meta's Llama ``precompute_freqs_cis``: ``exp(i m theta_j)`` as complex64.
 
@@ -357,6 +465,18 @@ class RotaryEmbedding(nn.Module):
         layout: ``"half"`` (Hugging Face) or ``"interleaved"`` (Meta).
         scaling: context extension, see :func:`scaled_inv_freq`.
         max_position: optional hard limit; positions >= it raise ``ValueError``.
+        fused: rotate (half layout, full rotary) with one ``torch.compile``-d kernel
+            that reads ``x`` once and writes the result once, with float32
+            arithmetic. The eager path needs three passes; on CPU the fused one
+            is ~3x faster for large q/k (chapter 5). It compiles on first use
+            (seconds, once per process, dynamic shapes) and needs a C++ compiler
+            (Triton on GPU); if compiling fails it warns and stays eager. PyTorch
+            compiles again for each new dtype, grad mode (training / no_grad) and
+            batch of size 1; after 8 variants it runs the function uncompiled.
+
+    :meth:`rotate` and :meth:`forward` compute what :func:`apply_rope` computes (up
+    to rounding) in three elementwise passes over ``x`` instead of seven: on CPU
+    ~2x faster (chapter 5).
     """
 
     def __init__(
@@ -368,6 +488,7 @@ class RotaryEmbedding(nn.Module):
         layout: str = "half",
         scaling: dict | None = None,
         max_position: int | None = None,
+        fused: bool = False,
     ) -> None:
         super().__init__()
         self.head_dim = check_even("head_dim", head_dim)
@@ -379,6 +500,9 @@ class RotaryEmbedding(nn.Module):
         self.max_position = (
             None if max_position is None else check_positive_int("max_position", max_position)
         )
+        if not isinstance(fused, bool):
+            raise TypeError(f"fused must be a bool, got {type(fused).__name__}")
+        self.fused = fused
         self.register_buffer("inv_freq", torch.empty(0), persistent=False)
         self.register_buffer("cos_cached", torch.empty(0, self.rotary_dim // 2), persistent=False)
         self.register_buffer("sin_cached", torch.empty(0, self.rotary_dim // 2), persistent=False)
@@ -437,33 +561,64 @@ class RotaryEmbedding(nn.Module):
             return self.cos_cached[start:end], self.sin_cached[start:end]
         return self.cos_cached[positions], self.sin_cached[positions]
 
-    def rotate(self, x: torch.Tensor, positions=None, *, start: int = 0) -> torch.Tensor:
-        """Apply RoPE to ``x`` ``[b, n_h, s, h_d]`` at ``positions`` (or ``start + arange(s)``)."""
-        check_float_tensor("x", x)
+    def _check(self, name: str, x: torch.Tensor) -> None:
+        check_float_tensor(name, x)
         if x.dim() < 2 or x.shape[-1] != self.head_dim:
             raise ValueError(
-                f"x must be [..., s, head_dim={self.head_dim}], got shape {tuple(x.shape)}"
+                f"{name} must be [..., s, head_dim={self.head_dim}], got shape {tuple(x.shape)}"
             )
+
+    def _tables(self, x: torch.Tensor, positions, start: int, name: str = "x"):
+        """Checked ``cos, sin`` for ``x`` (None if ``x`` has no positions)."""
+        self._check(name, x)
         if positions is None:
             if x.shape[-2] == 0:
-                return x
+                return None
             cos, sin = self.cos_sin(start=start, length=x.shape[-2])
-            cos, sin = cos.to(x.device), sin.to(x.device)
-        else:
-            positions = as_positions("positions", positions)
-            if positions.numel() != x.shape[-2]:
-                raise ValueError(
-                    f"positions must have length s={x.shape[-2]}, got {positions.numel()}"
-                )
-            cos, sin = self.cos_sin(positions.to(x.device))
-        return apply_rope(x, cos, sin, self.layout)
+            return cos.to(x.device), sin.to(x.device)
+        positions = as_positions("positions", positions)
+        if positions.numel() != x.shape[-2]:
+            raise ValueError(
+                f"positions must have length s={x.shape[-2]}, got {positions.numel()}"
+            )
+        return self.cos_sin(positions.to(x.device))
+
+    def _fusable(self) -> bool:
+        return self.fused and self.layout == "half" and self.rotary_dim == self.head_dim
+
+    def rotate(self, x: torch.Tensor, positions=None, *, start: int = 0) -> torch.Tensor:
+        """Apply RoPE to ``x`` ``[b, n_h, s, h_d]`` at ``positions`` (or ``start + arange(s)``)."""
+        tables = self._tables(x, positions, start)
+        if tables is None:
+            return x
+        if self._fusable():
+            out = _call_fused(False, x, *_fused_tables(x, *tables))
+            if out is not None:
+                return out
+        return _apply_rope_fast(x, *tables, self.layout)
 
     def forward(self, q, k, q_pos=None, k_pos=None, *, start: int = 0):
-        """Rotate queries and keys; see :meth:`rotate`. Returns ``(q, k)``."""
-        return self.rotate(q, q_pos, start=start), self.rotate(k, k_pos, start=start)
+        """Rotate queries and keys; see :meth:`rotate`. Returns ``(q, k)``.
+
+        When q and k sit at the same positions (``q_pos is k_pos``, e.g. both
+        ``None``), cos/sin are looked up once, and the fused path rotates both in
+        one compiled call.
+        """
+        if q_pos is not k_pos or q.shape[-2] != k.shape[-2]:
+            return self.rotate(q, q_pos, start=start), self.rotate(k, k_pos, start=start)
+        tables = self._tables(q, q_pos, start, "q")
+        self._check("k", k)
+        if tables is None:
+            return q, k
+        if self._fusable() and k.dtype == q.dtype:
+            out = _call_fused(True, q, k, *_fused_tables(q, *tables))
+            if out is not None:
+                return out
+        return (_apply_rope_fast(q, *tables, self.layout),
+                _apply_rope_fast(k, *tables, self.layout))
 
     def extra_repr(self) -> str:
         return (
             f"head_dim={self.head_dim}, rotary_dim={self.rotary_dim}, base={self.base:g}, "
             f"layout={self.layout!r}, scaling={self.scaling}"
-        )
+        ) + (", fused=True" if self.fused else "")

@@ -1,0 +1,187 @@
+"""Run the book's benchmark suite and check the package's performance targets.
+
+Usage (from the repository root)::
+
+    python benchmarks/suite.py                       # full suite on the default device
+    python benchmarks/suite.py --quick               # smoke test: tiny sizes, seconds
+    python benchmarks/suite.py --parts attention --lengths 2048 4096 --passes fwd
+    python benchmarks/suite.py --device cuda --out book/data/benchmark_gpu.json
+
+Every option of ``python -m tutorial_pkg.benchmark`` is accepted (``--help`` lists
+them); this script runs that command line's standard suite
+(:func:`tutorial_pkg.benchmark.default_suite`: attention per encoding x backend x
+length x pass, RoPE apply, a training step of the tiny LM), writes the JSON results
+file, then reads it back and prints one line per performance target with the
+ratio it reached. Each ratio compares two cases measured side by side in the same
+run (interleaved rounds, medians), never numbers from different runs. Targets that
+the options left unmeasured are listed as such. The exit status is 0 whatever the
+targets say: timings are evidence to read, not a test.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+try:
+    from tutorial_pkg import benchmark as bm
+except ImportError:  # run from a checkout without installing the package
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from tutorial_pkg import benchmark as bm
+
+
+@dataclass
+class Target:
+    """One performance target: a name, a threshold, and how to read it from records."""
+
+    name: str
+    text: str
+    limit: float
+    direction: str  # "max": value <= limit passes; "min": value >= limit passes
+    value: Callable[[dict], float | None]
+
+
+def _find(records: dict, group: str, case: str):
+    rec = records.get((group, case))
+    return None if rec is None or rec.error else rec
+
+
+def _ratio(group: str, case: str) -> Callable[[dict], float | None]:
+    def get(records: dict) -> float | None:
+        rec = _find(records, group, case)
+        return None if rec is None else rec.ratio
+
+    return get
+
+
+def _speedup(group: str, slow: str, fast: str) -> Callable[[dict], float | None]:
+    def get(records: dict) -> float | None:
+        a, b = _find(records, group, slow), _find(records, group, fast)
+        return None if a is None or b is None or not b.ratio else a.ratio / b.ratio
+
+    return get
+
+
+def _peak_ratio(group: str, case: str) -> Callable[[dict], float | None]:
+    def get(records: dict) -> float | None:
+        rec = _find(records, group, case)
+        return None if rec is None else rec.peak_ratio
+
+    return get
+
+
+def _held_fraction(group: str, case: str) -> Callable[[dict], float | None]:
+    """Held bytes over the size of one (H, L, L) float32 tensor."""
+
+    def get(records: dict) -> float | None:
+        rec = _find(records, group, case)
+        if rec is None or rec.held_bytes is None:
+            return None
+        heads, length = rec.params["heads"], rec.params["seq_len"]
+        return rec.held_bytes / (heads * length * length * 4)
+
+    return get
+
+
+def targets() -> list[Target]:
+    """The performance targets of issue 6 (P1-P4), on the records of one run."""
+    out = []
+    for length in (2048, 4096):
+        out.append(Target(
+            f"P1 fwd L={length}", "ALiBi inference (auto) / plain causal SDPA", 1.10, "max",
+            _ratio(f"attn L={length} fwd", "alibi/auto")))
+    out.append(Target("P1 seed L=2048", "seeds' naive ALiBi / ALiBi auto (speed-up)", 3.0,
+                      "min", _speedup("attn L=2048 fwd", "alibi/seed", "alibi/auto")))
+    for length in (2048, 4096):
+        out.append(Target(
+            f"P1 fwd+bwd L={length}", "ALiBi training (auto) / plain causal SDPA", 2.0, "max",
+            _ratio(f"attn L={length} fwd+bwd", "alibi/auto")))
+    out.append(Target("P2 peak L=4096", "ALiBi auto peak memory / plain causal SDPA's", 1.5,
+                      "max", _peak_ratio("attn L=4096 fwd", "alibi/auto")))
+    out.append(Target("P2 held L=4096", "ALiBi auto held memory / one (H, L, L) fp32 bias",
+                      0.01, "max", _held_fraction("attn L=4096 fwd", "alibi/auto")))
+    for dtype, limit in (("float32", 1.3), ("bfloat16", 2.0)):
+        for case in ("rotate", "rotate fused"):
+            out.append(Target(f"P3 {dtype} {case}", f"RoPE {case} of q, k / clone of q, k",
+                              limit, "max", _ratio(f"rope {dtype}", case)))
+    for enc in ("rope", "alibi", "hybrid"):
+        out.append(Target(f"P4 {enc}", f"tiny-LM training step, {enc} / NoPE", 1.10, "max",
+                          _lm_ratio(enc)))
+    return out
+
+
+def _lm_ratio(enc: str) -> Callable[[dict], float | None]:
+    def get(records: dict) -> float | None:
+        for (group, case), rec in records.items():
+            if group.startswith("lm step") and case == enc and not rec.error:
+                return rec.ratio
+        return None
+
+    return get
+
+
+def check_targets(records: Iterable[bm.BenchRecord]) -> list[tuple[Target, float | None, str]]:
+    """Evaluate every target: ``(target, value or None, "PASS"/"MISS"/"not measured")``."""
+    by_key = {(r.group, r.case): r for r in records}
+    results = []
+    for t in targets():
+        value = t.value(by_key)
+        if value is None:
+            verdict = "not measured"
+        elif t.direction == "max":
+            verdict = "PASS" if value <= t.limit else "MISS"
+        else:
+            verdict = "PASS" if value >= t.limit else "MISS"
+        results.append((t, value, verdict))
+    return results
+
+
+def format_targets(results: list[tuple[Target, float | None, str]]) -> str:
+    """One line per target."""
+    lines = []
+    for t, value, verdict in results:
+        sign = "<=" if t.direction == "max" else ">="
+        shown = "-" if value is None else f"{value:.3f}"
+        lines.append(f"{verdict:>12}  {t.name:<24} {shown:>8} (target {sign} {t.limit:g})  "
+                     f"{t.text}")
+    return "\n".join(lines)
+
+
+def one_off_costs(records: Iterable[bm.BenchRecord]) -> str:
+    """First-call times above one second (compiling), reported apart from the medians."""
+    lines = [
+        f"  {r.group:<18} {r.case:<22} first call {r.first_call_ms / 1e3:6.1f} s "
+        f"(median afterwards {r.median_ms:.2f} ms)"
+        for r in records
+        if r.first_call_ms is not None and r.first_call_ms > 1000 and r.median_ms is not None
+    ]
+    return "\n".join(lines) if lines else "  (none above 1 s)"
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the suite with the given options, then print the targets."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = argparse.ArgumentParser(add_help=False)
+    parser.add_argument("--out", type=Path, default=Path("benchmark_results.json"))
+    parser.add_argument("--help", "-h", action="store_true")
+    own, rest = parser.parse_known_args(argv)
+    if own.help:
+        print(__doc__)
+        bm.build_parser().print_help()
+        return 0
+    bm.main([*rest, "--out", str(own.out)])
+    hardware, records = bm.load_results(own.out)
+    print(f"\nload average at start {hardware.get('loadavg')}, at end "
+          f"{hardware.get('loadavg_end')} ({hardware.get('cpu_count')} CPUs)")
+    print("\nOne-off costs (compiling), not included in any median:")
+    print(one_off_costs(records))
+    print("\nPerformance targets (ratios of cases measured side by side in this run):")
+    print(format_targets(check_targets(records)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
