@@ -15,3 +15,11 @@ def pytest_addoption(parser):
 def html_dir(config):
     value = config.getoption("--html-dir")
     return None if value is None else Path(value)
+
+
+def pytest_configure(config):
+    # Unit tests draw without a screen; set in-process only, so the notebook kernels
+    # that nbval starts keep their inline backend.
+    import matplotlib
+
+    matplotlib.use("Agg")
