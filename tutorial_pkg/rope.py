@@ -292,35 +292,28 @@ def _apply_rope_fast(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layo
     return out
 
 
-def _rope_half_fp32(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """The body that torch.compile fuses into one kernel (float32 arithmetic).
+def _rope_half_body(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """The rotation that ``torch.compile`` fuses into one kernel (half layout).
 
-    ``sin`` is ``(s, r/2)``, or for 16-bit ``x`` the signed table ``(s, 2, r/2)`` =
-    ``[-sin, sin]``: then the two halves are one broadcast expression over a
-    ``(..., 2, r/2)`` view of ``x``, which inductor's CPU code vectorises (~2.5x
-    faster in bfloat16 than the concatenation form, measured); in float32 the
-    concatenation form is as fast.
+    ``cos``/``sin`` are already in ``x``'s dtype, as in :func:`apply_rope`; the
+    generated kernel computes each element in float32 and rounds once. Tables in
+    float32 would be more precise for 16-bit ``x`` but measured ~1.4x slower in
+    bfloat16 on CPU (more bytes per element), and the eager path rounds them too.
     """
     half = cos.shape[-1]
-    if sin.dim() == cos.dim() + 1:
-        pairs = x.unflatten(-1, (2, half)).float()
-        out = pairs * cos.unsqueeze(-2) + pairs.flip(-2) * sin
-        return out.flatten(-2).to(x.dtype)
-    x1, x2 = x[..., :half].float(), x[..., half:].float()
-    return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).to(x.dtype)
+    x1, x2 = x[..., :half], x[..., half:]
+    return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
 
 
-def _rope_half_fp32_pair(q, k, cos, sin):
+def _rope_half_body_pair(q, k, cos, sin):
     # q and k in one compiled call: one launch, one guard check (measurably cheaper
     # than two calls when the tensors are a few MB)
-    return _rope_half_fp32(q, cos, sin), _rope_half_fp32(k, cos, sin)
+    return _rope_half_body(q, cos, sin), _rope_half_body(k, cos, sin)
 
 
 def _fused_tables(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
-    """cos/sin as :func:`_rope_half_fp32` wants them for ``x``'s dtype."""
-    if x.element_size() == 2:
-        return cos, torch.stack((-sin, sin), dim=-2)
-    return cos, sin
+    """cos/sin as :func:`_rope_half_body` wants them for ``x``."""
+    return cos.to(x.dtype), sin.to(x.dtype)
 
 
 _fused_rope: dict = {}
@@ -330,7 +323,7 @@ def _fused_rope_fn(pair: bool = False):
     """The fused rotation compiled once per process, or None if compiling failed."""
     key = "pair" if pair else "one"
     if key not in _fused_rope:  # compiling happens at the first call
-        body = _rope_half_fp32_pair if pair else _rope_half_fp32
+        body = _rope_half_body_pair if pair else _rope_half_body
         _fused_rope[key] = torch.compile(body)
     return _fused_rope[key]
 
@@ -341,7 +334,7 @@ def _call_fused(pair: bool, *args):
     Every dimension but the feature axis is marked dynamic, so one compilation
     serves all batch sizes, head counts and lengths; the feature axis stays a
     constant (a symbolic head_dim keeps inductor from vectorising the kernel:
-    ~10x slower in bfloat16, measured).
+    several times slower in bfloat16, measured).
     """
     fn = _fused_rope_fn(pair)
     if fn is None:
@@ -465,14 +458,14 @@ class RotaryEmbedding(nn.Module):
         layout: ``"half"`` (Hugging Face) or ``"interleaved"`` (Meta).
         scaling: context extension, see :func:`scaled_inv_freq`.
         max_position: optional hard limit; positions >= it raise ``ValueError``.
-        fused: rotate (half layout, full rotary) with one ``torch.compile``-d kernel
-            that reads ``x`` once and writes the result once, with float32
-            arithmetic. The eager path needs three passes; on CPU the fused one
-            is ~3x faster for large q/k (chapter 5). It compiles on first use
-            (seconds, once per process, dynamic shapes) and needs a C++ compiler
-            (Triton on GPU); if compiling fails it warns and stays eager. PyTorch
-            compiles again for each new dtype, grad mode (training / no_grad) and
-            batch of size 1; after 8 variants it runs the function uncompiled.
+        fused: rotate (half layout, full rotary) with one ``torch.compile``-d
+            kernel that reads ``x`` once and writes the result once (each element
+            computed in float32, rounded once). The eager path needs three
+            passes; on CPU the fused one is ~3x faster for large q/k (chapter 5).
+            It compiles on first use (seconds; batch, heads and length are
+            dynamic, so once per dtype and grad mode) and needs a C++ compiler
+            (Triton on GPU); if compiling fails it warns and stays eager. After 8
+            variants PyTorch runs the function uncompiled.
 
     :meth:`rotate` and :meth:`forward` compute what :func:`apply_rope` computes (up
     to rounding) in three elementwise passes over ``x`` instead of seven: on CPU
