@@ -27,6 +27,8 @@ from tutorial_pkg.attention import KVCache, MultiHeadAttention
 from tutorial_pkg.encodings import make_encoding
 from tutorial_pkg.rope import RotaryEmbedding, apply_rope
 
+pytestmark = pytest.mark.filterwarnings("ignore:`torch.jit.script_method` is deprecated")
+
 REPO_ROOT = Path(__file__).resolve().parents[1]
 # Set TUTORIAL_PKG_SKIP_SLOW=1 to skip the torch.compile test (inductor codegen, seconds).
 slow = pytest.mark.skipif(os.environ.get("TUTORIAL_PKG_SKIP_SLOW") == "1",
@@ -408,6 +410,36 @@ def test_cli_custom_suite_hook(tmp_path, capsys):
 def test_cli_rejects_bad_suite_spec():
     with pytest.raises(SystemExit):
         bm.main(["--quick", "--device", "cpu", "--suite", "no_colon_here"])
+
+
+def test_suite_script_checks_targets_on_records():
+    import importlib.util
+
+    path = REPO_ROOT / "benchmarks" / "suite.py"
+    spec = importlib.util.spec_from_file_location("bench_suite", path)
+    suite = importlib.util.module_from_spec(spec)
+    sys.modules["bench_suite"] = suite  # dataclasses look their module up there
+    spec.loader.exec_module(suite)
+
+    def rec(group, case, ratio, **params):
+        return bm.BenchRecord(group=group, case=case, params=params, ratio=ratio,
+                              median_ms=ratio, first_call_ms=5000.0 if case == "slow" else 1.0)
+
+    records = [
+        rec("attn L=2048 fwd", "alibi/auto", 1.05, heads=8, seq_len=2048),
+        rec("attn L=2048 fwd", "alibi/seed", 4.0, heads=8, seq_len=2048),
+        rec("rope float32", "rotate fused", 1.2, shape=[4, 8, 2048, 64]),
+        rec("rope bfloat16", "rotate fused", 1.2, shape=[1, 4, 128, 64]),  # other sizes
+        rec("lm step L=64", "rope", 1.5, batch=32, seq_len=64),
+        rec("x", "slow", 2.0),
+    ]
+    verdicts = {t.name: v for t, _, v in suite.check_targets(records)}
+    assert verdicts["P1 fwd L=2048"] == "PASS" and verdicts["P1 fwd L=4096"] == "not measured"
+    assert verdicts["P1 seed L=2048"] == "PASS"  # 4.0 / 1.05 >= 3
+    assert verdicts["P3 float32 rotate fused"] == "PASS"
+    assert verdicts["P3 bfloat16 rotate fused"] == "not measured"
+    assert verdicts["P4 rope"] == "MISS"
+    assert "slow" in suite.one_off_costs(records)
 
 
 # --------------------------------------------------------------------------- #
