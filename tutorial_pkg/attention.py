@@ -23,8 +23,9 @@ Backends (all agree with ``"naive"`` to tolerance, tested for every encoding):
 * ``"auto"`` (the default): the fastest exact path for the call at hand, without
   compiling anything. Encodings without a bias take ``"sdpa"`` (``is_causal=True``).
   ALiBi and the hybrid (causal or key-only form) add the bias as a *key row*
-  ``m_h j`` of shape ``(1, H, 1, L_k)`` (:meth:`PositionEncoding.attn_key_bias`,
-  float32) to SDPA's fused causal kernel: softmax is shift invariant along a
+  ``m_h j`` of shape ``(1, H, 1, L_k)``, float32
+  (:meth:`~tutorial_pkg.encodings.PositionEncoding.attn_key_bias`) to SDPA's
+  fused causal kernel: softmax is shift invariant along a
   query's row and ``-m (i - j) = m j - m i``, so the weights are exactly those of
   the full causal bias, while nothing of size ``L x L`` is built or held and the
   kernel still skips the masked half. Measured on CPU (chapter 5): as fast as

@@ -1139,7 +1139,7 @@ class SuiteEntry(NamedTuple):
     params: Mapping[str, Any]
 
 
-#: A suite: parsed CLI arguments -> groups to measure (generated lazily, so only
+#: The type of a suite, parsed CLI arguments -> groups to measure (generated lazily, so only
 #: one group's inputs need to exist at a time).
 SuiteFn = Callable[[argparse.Namespace], Iterable[SuiteEntry]]
 
@@ -1157,13 +1157,13 @@ _FULL = {
 _FULL_LENGTHS = {"cpu": [512, 1024, 2048, 4096], "cuda": [1024, 2048, 4096, 8192, 16384]}
 #: Parts of the standard suite, in the order they run.
 SUITE_PARTS = ("attention", "rope", "lm")
-#: Encodings of the attention part: the others (sinusoidal, learned) act on the
+#: The encodings of the attention part; the others (sinusoidal, learned) act on the
 #: embeddings, so their attention is NoPE's; they appear in the ``lm`` part.
 ATTENTION_ENCODINGS = ("nope", "rope", "alibi", "hybrid")
-#: Name of the attention part's limit reference: PyTorch's fused causal attention
+#: The name of the attention part's limit reference, PyTorch's fused causal attention
 #: without any encoding. Nothing that attends causally can do much better.
 ATTENTION_LIMIT = "limit: sdpa causal"
-#: Name of the RoPE part's limit reference: copying q and k (one read, one write).
+#: The name of the RoPE part's limit reference, copying q and k (one read, one write).
 ROPE_LIMIT = "limit: clone q,k"
 
 
