@@ -1,6 +1,8 @@
-"""Shared pytest options."""
+"""Shared pytest options and fixtures."""
 
 from pathlib import Path
+
+import pytest
 
 
 def pytest_addoption(parser):
@@ -23,3 +25,14 @@ def pytest_configure(config):
     import matplotlib
 
     matplotlib.use("Agg")
+
+
+@pytest.fixture(scope="module")
+def one_thread():
+    """Tiny tensors: one intra-op thread is faster and immune to a busy machine's other jobs."""
+    import torch
+
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)

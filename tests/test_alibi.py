@@ -10,14 +10,7 @@ import torch
 from tutorial_pkg.alibi import ALIBI_MODES, alibi_bias, alibi_score_mod, alibi_slopes
 from tutorial_pkg.encodings import ALiBi
 
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny tensors: one intra-op thread is faster and immune to a busy machine's other jobs."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 

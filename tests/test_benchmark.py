@@ -308,13 +308,7 @@ def test_compare_rejects_bad_arguments():
 # --------------------------------------------------------------------------- #
 # Suite and CLI
 # --------------------------------------------------------------------------- #
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny tensors: one intra-op thread is faster and immune to a busy machine's other jobs."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _args(*extra: str) -> argparse.Namespace:

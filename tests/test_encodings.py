@@ -28,13 +28,7 @@ from tutorial_pkg.sinusoidal import sinusoidal_table
 D_MODEL, N_HEADS, HEAD_DIM = 16, 4, 4
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny tensors: one intra-op thread is faster and immune to a busy machine's other jobs."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 

@@ -13,14 +13,7 @@ from tutorial_pkg.sinusoidal import (
     sinusoidal_table,
 )
 
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny tensors: one intra-op thread is faster and immune to a busy machine's other jobs."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 
