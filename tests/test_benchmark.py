@@ -615,6 +615,28 @@ def test_fused_rope_equals_eager():
         RotaryEmbedding(16, fused=1)
 
 
+@slow
+def test_fused_rope_positions_scaling_and_gradients():
+    # the fused path keeps its own cast cos/sin table per dtype: it must follow explicit
+    # positions, a change of scaling and cache growth, and it must train like the eager one
+    fused, eager = RotaryEmbedding(16, fused=True), RotaryEmbedding(16)
+    x, k = torch.randn(2, 3, 5, 16), torch.randn(2, 3, 5, 16)
+    pos = torch.tensor([7, 0, 300, 2, 2])  # 300 grows the cache past its first 256 rows
+    torch.testing.assert_close(fused.rotate(x, pos), eager.rotate(x, pos))
+    for rope in (fused, eager):
+        rope.set_scaling({"type": "linear", "factor": 4.0})
+    torch.testing.assert_close(fused.rotate(x, start=3), eager.rotate(x, start=3))
+    torch.testing.assert_close(fused.rotate(x, pos), eager.rotate(x, pos))
+    grads = []
+    for rope in (fused, eager):
+        xq, xk = x.clone().requires_grad_(), k.clone().requires_grad_()
+        q_rot, k_rot = rope(xq, xk, start=1)
+        (q_rot * k_rot.flip(-1)).sum().backward()
+        grads.append((xq.grad, xk.grad))
+    for got, want in zip(*grads, strict=True):
+        torch.testing.assert_close(got, want)
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_cuda_events_and_memory():
     x = torch.randn(1024, 1024, device="cuda")
