@@ -13,7 +13,6 @@ from tutorial_pkg.encodings import ALiBi
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 
-
 def get_slopes(n):
     """Press et al.'s reference ``get_slopes`` (the paper's code, re-typed independently)."""
 

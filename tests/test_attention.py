@@ -12,6 +12,7 @@ from unittest import mock
 
 import pytest
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from tutorial_pkg import attention
@@ -33,11 +34,8 @@ pytestmark = [
     pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile"),
     pytest.mark.filterwarnings("ignore:flex backend falls back to sdpa"),
     pytest.mark.filterwarnings("ignore:`torch.jit.script_method` is deprecated"),
+    pytest.mark.usefixtures("one_thread"),
 ]
-
-
-pytestmark = pytest.mark.usefixtures("one_thread")
-
 
 
 def build_encoding(key: str, causal: bool = True, d_model=D_MODEL, n_heads=N_HEADS):
@@ -317,3 +315,124 @@ def test_gqa_has_fewer_key_value_parameters():
                              n_kv_heads=1)
     assert mha.k_proj.weight.shape == (D_MODEL // N_HEADS, D_MODEL)
     assert mha.q_proj.weight.shape == (D_MODEL, D_MODEL)
+
+
+# --------------------------------------------------------------------------- #
+# The "auto" backend (the default; chapter 5 measures it)
+# --------------------------------------------------------------------------- #
+def _encoding(key: str, causal: bool = True):
+    kw = {"d_model": D_MODEL, "n_heads": N_HEADS}
+    mode = "causal" if causal else "symmetric"
+    if key == "alibi_key_only":
+        return make_encoding("alibi", mode="key_only", **kw)
+    if key == "hybrid_learnable":
+        enc = make_encoding("hybrid", learnable_scale=True, mode=mode, **kw)
+        with torch.no_grad():
+            enc.log_scale.copy_(torch.linspace(-0.5, 0.7, N_HEADS))
+        return enc
+    if key in ("alibi", "hybrid"):
+        return make_encoding(key, mode=mode, **kw)
+    return make_encoding(key, max_len=64, **kw)
+
+
+def _pair(key, causal, gqa):
+    enc = _encoding(key, causal)
+    kv = 2 if gqa else None
+    auto = MultiHeadAttention(D_MODEL, N_HEADS, enc, causal=causal, n_kv_heads=kv)
+    naive = MultiHeadAttention(D_MODEL, N_HEADS, enc, causal=causal, n_kv_heads=kv,
+                               backend="naive")
+    naive.load_state_dict(auto.state_dict())
+    return enc, auto, naive
+
+
+AUTO_KEYS = ["nope", "rope", "alibi", "alibi_key_only", "hybrid", "hybrid_learnable"]
+
+
+@pytest.mark.parametrize(
+    ("key", "causal", "gqa"),
+    [(key, causal, False) for key in AUTO_KEYS for causal in (True, False)]
+    + [("alibi", True, True), ("hybrid", True, True)],
+)
+def test_auto_backend_equals_naive_with_padding_and_gradients(key, causal, gqa):
+    torch.manual_seed(0)
+    enc, auto, naive = _pair(key, causal, gqa)
+    assert auto.backend == "auto"  # the default
+    x = torch.randn(2, 8, D_MODEL, requires_grad=True)
+    pad = torch.zeros(2, 8, dtype=torch.bool)
+    pad[0, -2:] = True
+    pad[1, :3] = True  # queries 0-2 of row 1 see no key when causal: zeros
+    for mask in (None, pad):
+        got, want = auto(x, key_padding_mask=mask), naive(x, key_padding_mask=mask)
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+        if mask is not None and causal:
+            assert got[1, :3].abs().max() == 0
+        g_got = torch.autograd.grad(got.square().sum(), x)[0]
+        g_want = torch.autograd.grad(want.square().sum(), x)[0]
+        torch.testing.assert_close(g_got, g_want, rtol=1e-4, atol=1e-5)
+
+
+def test_auto_adds_a_key_row_to_the_fused_causal_kernel(monkeypatch):
+    enc = _encoding("alibi")
+    layer = MultiHeadAttention(D_MODEL, N_HEADS, enc)
+    assert attention._check_key_row(torch.device("cpu"), torch.float32, False)  # probe first
+    seen = []
+    real = F.scaled_dot_product_attention
+
+    def recording(q, k, v, attn_mask=None, is_causal=False, **kw):
+        seen.append((None if attn_mask is None else tuple(attn_mask.shape), is_causal))
+        return real(q, k, v, attn_mask=attn_mask, is_causal=is_causal, **kw)
+
+    monkeypatch.setattr(attention.F, "scaled_dot_product_attention", recording)
+    x = torch.randn(2, 300, D_MODEL)
+    with torch.no_grad():
+        layer(x)
+        cache = KVCache()
+        layer(x[:, :5], kv_cache=cache)  # prefill: a whole sequence
+        layer(x[:, 5:6], kv_cache=cache)  # one new token sees every cached key
+        layer(x[:, 6:9], kv_cache=cache)  # a chunk at an offset: the sdpa path
+    assert seen == [((1, N_HEADS, 1, 300), True), ((1, N_HEADS, 1, 5), True),
+                    ((1, N_HEADS, 1, 6), False), ((1, N_HEADS, 3, 9), False)]
+    # only the offset chunk built a (small) 4-D table; the 300-token calls hold a row
+    assert all(t.shape[-1] == 128 for t in enc._bias_cache.values())
+    (row,) = enc._row_cache.values()
+    assert row.shape == (1, N_HEADS, 1, 512) and row.dtype == torch.float32
+
+
+def test_auto_kv_cache_decoding_equals_full_forward():
+    torch.manual_seed(0)
+    for key in ("alibi", "hybrid"):
+        enc, auto, _ = _pair(key, True, True)
+        x = torch.randn(2, 9, D_MODEL)
+        with torch.no_grad():
+            full = auto(x)
+            cache, outs = KVCache(), []
+            for a, b in ((0, 4), (4, 5), (5, 9)):
+                outs.append(auto(x[:, a:b], kv_cache=cache))
+        torch.testing.assert_close(torch.cat(outs, 1), full, rtol=1e-4, atol=1e-5)
+
+
+def test_auto_key_row_check_rejects_a_kernel_that_rounds_the_row(monkeypatch):
+    real = F.scaled_dot_product_attention
+
+    def rounding(q, k, v, attn_mask=None, **kw):
+        if attn_mask is not None:
+            attn_mask = attn_mask.to(torch.bfloat16).to(attn_mask.dtype)
+        return real(q, k, v, attn_mask=attn_mask, **kw)
+
+    monkeypatch.setattr(attention.F, "scaled_dot_product_attention", rounding)
+    assert not attention._probe_key_row(torch.device("cpu"), torch.bfloat16, False)
+    monkeypatch.setattr(attention.F, "scaled_dot_product_attention", real)
+    assert attention._probe_key_row(torch.device("cpu"), torch.float32, False)
+
+
+def test_attend_is_forward_without_the_projections():
+    torch.manual_seed(0)
+    enc, layer, _ = _pair("hybrid", True, True)
+    x = torch.randn(2, 7, D_MODEL)
+    q = layer.q_proj(x).view(2, 7, N_HEADS, -1).transpose(1, 2)
+    k = layer.k_proj(x).view(2, 7, 2, -1).transpose(1, 2)
+    v = layer.v_proj(x).view(2, 7, 2, -1).transpose(1, 2)
+    heads = layer.attend(q, k, v)
+    torch.testing.assert_close(layer.out_proj(heads.transpose(1, 2).reshape(2, 7, -1)), layer(x))
+    with pytest.raises(ValueError, match="k must have shape"):
+        layer.attend(q, q, v)

@@ -3,8 +3,10 @@
 They check that the harness measures what it claims (a 2 ms sleep reads ~2 ms,
 a known allocation reads its size), not how fast our code is; that every case
 of the standard suite computes what its name says (the same attention as the
-naive oracle); and the fast paths it measures: the ``"auto"`` attention backend
-and the few-pass / fused RoPE. Timings are never asserted here.
+naive oracle). Timings are never asserted here.
+
+The fast paths the suite measures are tested with their modules: the ``"auto"``
+attention backend in test_attention.py, the few-pass and fused RoPE in test_rope.py.
 """
 
 from __future__ import annotations
@@ -19,15 +21,13 @@ from pathlib import Path
 
 import pytest
 import torch
-import torch.nn.functional as F
 
-from tutorial_pkg import attention
 from tutorial_pkg import benchmark as bm
-from tutorial_pkg.attention import KVCache, MultiHeadAttention
-from tutorial_pkg.encodings import make_encoding
-from tutorial_pkg.rope import RotaryEmbedding, apply_rope
 
-pytestmark = pytest.mark.filterwarnings("ignore:`torch.jit.script_method` is deprecated")
+pytestmark = [
+    pytest.mark.filterwarnings("ignore:`torch.jit.script_method` is deprecated"),
+    pytest.mark.usefixtures("one_thread"),
+]
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 # Set TUTORIAL_PKG_SKIP_SLOW=1 to skip the torch.compile test (inductor codegen, seconds).
@@ -308,8 +308,6 @@ def test_compare_rejects_bad_arguments():
 # --------------------------------------------------------------------------- #
 # Suite and CLI
 # --------------------------------------------------------------------------- #
-pytestmark = pytest.mark.usefixtures("one_thread")
-
 
 def _args(*extra: str) -> argparse.Namespace:
     return bm._finish_args(bm.build_parser().parse_args(["--quick", "--device", "cpu", *extra]))
@@ -434,207 +432,6 @@ def test_suite_script_checks_targets_on_records():
     assert verdicts["P3 bfloat16 rotate fused"] == "not measured"
     assert verdicts["P4 rope"] == "MISS"
     assert "slow" in suite.one_off_costs(records)
-
-
-# --------------------------------------------------------------------------- #
-# The fast paths the benchmarks measure (tutorial_pkg.attention "auto", RoPE)
-# --------------------------------------------------------------------------- #
-D_MODEL, N_HEADS = 32, 4
-
-
-def _encoding(key: str, causal: bool = True):
-    kw = {"d_model": D_MODEL, "n_heads": N_HEADS}
-    mode = "causal" if causal else "symmetric"
-    if key == "alibi_key_only":
-        return make_encoding("alibi", mode="key_only", **kw)
-    if key == "hybrid_learnable":
-        enc = make_encoding("hybrid", learnable_scale=True, mode=mode, **kw)
-        with torch.no_grad():
-            enc.log_scale.copy_(torch.linspace(-0.5, 0.7, N_HEADS))
-        return enc
-    if key in ("alibi", "hybrid"):
-        return make_encoding(key, mode=mode, **kw)
-    return make_encoding(key, max_len=64, **kw)
-
-
-def _pair(key, causal, gqa):
-    enc = _encoding(key, causal)
-    kv = 2 if gqa else None
-    auto = MultiHeadAttention(D_MODEL, N_HEADS, enc, causal=causal, n_kv_heads=kv)
-    naive = MultiHeadAttention(D_MODEL, N_HEADS, enc, causal=causal, n_kv_heads=kv,
-                               backend="naive")
-    naive.load_state_dict(auto.state_dict())
-    return enc, auto, naive
-
-
-AUTO_KEYS = ["nope", "rope", "alibi", "alibi_key_only", "hybrid", "hybrid_learnable"]
-
-
-@pytest.mark.parametrize(
-    ("key", "causal", "gqa"),
-    [(key, causal, False) for key in AUTO_KEYS for causal in (True, False)]
-    + [("alibi", True, True), ("hybrid", True, True)],
-)
-def test_auto_backend_equals_naive_with_padding_and_gradients(key, causal, gqa):
-    torch.manual_seed(0)
-    enc, auto, naive = _pair(key, causal, gqa)
-    assert auto.backend == "auto"  # the default
-    x = torch.randn(2, 8, D_MODEL, requires_grad=True)
-    pad = torch.zeros(2, 8, dtype=torch.bool)
-    pad[0, -2:] = True
-    pad[1, :3] = True  # queries 0-2 of row 1 see no key when causal: zeros
-    for mask in (None, pad):
-        got, want = auto(x, key_padding_mask=mask), naive(x, key_padding_mask=mask)
-        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
-        if mask is not None and causal:
-            assert got[1, :3].abs().max() == 0
-        g_got = torch.autograd.grad(got.square().sum(), x)[0]
-        g_want = torch.autograd.grad(want.square().sum(), x)[0]
-        torch.testing.assert_close(g_got, g_want, rtol=1e-4, atol=1e-5)
-
-
-def test_auto_adds_a_key_row_to_the_fused_causal_kernel(monkeypatch):
-    enc = _encoding("alibi")
-    layer = MultiHeadAttention(D_MODEL, N_HEADS, enc)
-    assert attention._check_key_row(torch.device("cpu"), torch.float32, False)  # probe first
-    seen = []
-    real = F.scaled_dot_product_attention
-
-    def recording(q, k, v, attn_mask=None, is_causal=False, **kw):
-        seen.append((None if attn_mask is None else tuple(attn_mask.shape), is_causal))
-        return real(q, k, v, attn_mask=attn_mask, is_causal=is_causal, **kw)
-
-    monkeypatch.setattr(attention.F, "scaled_dot_product_attention", recording)
-    x = torch.randn(2, 300, D_MODEL)
-    with torch.no_grad():
-        layer(x)
-        cache = KVCache()
-        layer(x[:, :5], kv_cache=cache)  # prefill: a whole sequence
-        layer(x[:, 5:6], kv_cache=cache)  # one new token sees every cached key
-        layer(x[:, 6:9], kv_cache=cache)  # a chunk at an offset: the sdpa path
-    assert seen == [((1, N_HEADS, 1, 300), True), ((1, N_HEADS, 1, 5), True),
-                    ((1, N_HEADS, 1, 6), False), ((1, N_HEADS, 3, 9), False)]
-    # only the offset chunk built a (small) 4-D table; the 300-token calls hold a row
-    assert all(t.shape[-1] == 128 for t in enc._bias_cache.values())
-    (row,) = enc._row_cache.values()
-    assert row.shape == (1, N_HEADS, 1, 512) and row.dtype == torch.float32
-
-
-def test_auto_kv_cache_decoding_equals_full_forward():
-    torch.manual_seed(0)
-    for key in ("alibi", "hybrid"):
-        enc, auto, _ = _pair(key, True, True)
-        x = torch.randn(2, 9, D_MODEL)
-        with torch.no_grad():
-            full = auto(x)
-            cache, outs = KVCache(), []
-            for a, b in ((0, 4), (4, 5), (5, 9)):
-                outs.append(auto(x[:, a:b], kv_cache=cache))
-        torch.testing.assert_close(torch.cat(outs, 1), full, rtol=1e-4, atol=1e-5)
-
-
-def test_auto_key_row_check_rejects_a_kernel_that_rounds_the_row(monkeypatch):
-    real = F.scaled_dot_product_attention
-
-    def rounding(q, k, v, attn_mask=None, **kw):
-        if attn_mask is not None:
-            attn_mask = attn_mask.to(torch.bfloat16).to(attn_mask.dtype)
-        return real(q, k, v, attn_mask=attn_mask, **kw)
-
-    monkeypatch.setattr(attention.F, "scaled_dot_product_attention", rounding)
-    assert not attention._probe_key_row(torch.device("cpu"), torch.bfloat16, False)
-    monkeypatch.setattr(attention.F, "scaled_dot_product_attention", real)
-    assert attention._probe_key_row(torch.device("cpu"), torch.float32, False)
-
-
-def test_attend_is_forward_without_the_projections():
-    torch.manual_seed(0)
-    enc, layer, _ = _pair("hybrid", True, True)
-    x = torch.randn(2, 7, D_MODEL)
-    q = layer.q_proj(x).view(2, 7, N_HEADS, -1).transpose(1, 2)
-    k = layer.k_proj(x).view(2, 7, 2, -1).transpose(1, 2)
-    v = layer.v_proj(x).view(2, 7, 2, -1).transpose(1, 2)
-    heads = layer.attend(q, k, v)
-    torch.testing.assert_close(layer.out_proj(heads.transpose(1, 2).reshape(2, 7, -1)), layer(x))
-    with pytest.raises(ValueError, match="k must have shape"):
-        layer.attend(q, q, v)
-
-
-@pytest.mark.parametrize("layout", ["half", "interleaved"])
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
-def test_rotary_fast_path_equals_apply_rope_with_gradients(layout, dtype):
-    gen = torch.Generator().manual_seed(0)
-    rot = RotaryEmbedding(16, layout=layout)
-    x = torch.randn(2, 6, 3, 16, generator=gen).to(dtype).transpose(1, 2)  # like q from MHA
-    x.requires_grad_(True)
-    cos, sin = rot.cos_sin(start=5, length=6)
-    got, want = rot.rotate(x, start=5), apply_rope(x, cos, sin, layout)
-    tol = {torch.bfloat16: 2e-2}.get(dtype, 1e-6)
-    assert got.dtype == dtype and got.shape == x.shape
-    torch.testing.assert_close(got, want, atol=tol, rtol=tol)
-    g = torch.randn(got.shape, generator=gen).to(dtype)
-    (g_got,) = torch.autograd.grad(got, x, g)
-    (g_want,) = torch.autograd.grad(want, x, g)
-    torch.testing.assert_close(g_got, g_want, atol=tol, rtol=tol)
-
-
-def test_rotary_pair_equals_two_rotations():
-    rot = RotaryEmbedding(16)
-    q, k = torch.randn(2, 4, 5, 16), torch.randn(2, 2, 5, 16)
-    pos = torch.tensor([3, 4, 5, 6, 7])
-    for q_pos, k_pos in ((None, None), (pos, pos), (pos, pos.flip(0))):
-        got = rot(q, k, q_pos, k_pos)
-        want = (rot.rotate(q, q_pos), rot.rotate(k, k_pos))
-        for g, w in zip(got, want, strict=True):
-            torch.testing.assert_close(g, w)
-    with pytest.raises(ValueError, match="k must be"):
-        rot(q, torch.randn(2, 2, 5, 8))
-
-
-def test_rotary_partial_rotation_takes_the_reference_path():
-    rot = RotaryEmbedding(16, rotary_dim=8)
-    x = torch.randn(1, 2, 5, 16)
-    cos, sin = rot.cos_sin(start=0, length=5)
-    torch.testing.assert_close(rot.rotate(x), apply_rope(x, cos, sin))
-    assert torch.equal(rot.rotate(x)[..., 8:], x[..., 8:])
-
-
-@slow
-def test_fused_rope_equals_eager():
-    # compiles one small elementwise kernel (a few seconds cold)
-    fused, eager = RotaryEmbedding(16, fused=True), RotaryEmbedding(16)
-    assert "fused=True" in repr(fused) and "fused" not in repr(eager)
-    for dtype, tol in ((torch.float32, 1e-6), (torch.bfloat16, 4e-2)):
-        x, k = torch.randn(2, 3, 7, 16).to(dtype), torch.randn(2, 1, 7, 16).to(dtype)
-        got = fused.rotate(x, start=2)
-        assert got.dtype == dtype
-        torch.testing.assert_close(got, eager.rotate(x, start=2), atol=tol, rtol=tol)
-        for got, want in zip(fused(x, k, start=2), eager(x, k, start=2), strict=True):  # q, k
-            torch.testing.assert_close(got, want, atol=tol, rtol=tol)
-    with pytest.raises(TypeError, match="fused"):
-        RotaryEmbedding(16, fused=1)
-
-
-@slow
-def test_fused_rope_positions_scaling_and_gradients():
-    # the fused path keeps its own cast cos/sin table per dtype: it must follow explicit
-    # positions, a change of scaling and cache growth, and it must train like the eager one
-    fused, eager = RotaryEmbedding(16, fused=True), RotaryEmbedding(16)
-    x, k = torch.randn(2, 3, 5, 16), torch.randn(2, 3, 5, 16)
-    pos = torch.tensor([7, 0, 300, 2, 2])  # 300 grows the cache past its first 256 rows
-    torch.testing.assert_close(fused.rotate(x, pos), eager.rotate(x, pos))
-    for rope in (fused, eager):
-        rope.set_scaling({"type": "linear", "factor": 4.0})
-    torch.testing.assert_close(fused.rotate(x, start=3), eager.rotate(x, start=3))
-    torch.testing.assert_close(fused.rotate(x, pos), eager.rotate(x, pos))
-    grads = []
-    for rope in (fused, eager):
-        xq, xk = x.clone().requires_grad_(), k.clone().requires_grad_()
-        q_rot, k_rot = rope(xq, xk, start=1)
-        (q_rot * k_rot.flip(-1)).sum().backward()
-        grads.append((xq.grad, xk.grad))
-    for got, want in zip(*grads, strict=True):
-        torch.testing.assert_close(got, want)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")

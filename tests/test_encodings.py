@@ -27,9 +27,7 @@ from tutorial_pkg.sinusoidal import sinusoidal_table
 
 D_MODEL, N_HEADS, HEAD_DIM = 16, 4, 4
 
-
 pytestmark = pytest.mark.usefixtures("one_thread")
-
 
 
 def randn(*shape, seed=0):

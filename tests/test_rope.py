@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import os
 
 import numpy as np
 import pytest
@@ -27,10 +28,10 @@ from tutorial_pkg.rope import (
 )
 
 PROPERTY = settings(max_examples=25, deadline=None)
-
-
 pytestmark = pytest.mark.usefixtures("one_thread")
-
+# Set TUTORIAL_PKG_SKIP_SLOW=1 to skip the torch.compile tests (inductor codegen, seconds).
+slow = pytest.mark.skipif(os.environ.get("TUTORIAL_PKG_SKIP_SLOW") == "1",
+                          reason="TUTORIAL_PKG_SKIP_SLOW=1")
 
 
 def randn(*shape, seed=0, dtype=torch.float32):
@@ -381,3 +382,81 @@ def test_low_precision_rope_stays_close_to_float32_at_long_positions(dtype):
     naive_err = (naive.double() - ref).abs().max() / scale
     assert naive_err > 0.3  # essentially random rotations at long positions
     assert naive_err > 20 * err
+
+
+# --------------------------------------------------------------------------- fast paths (chapter 5)
+@pytest.mark.parametrize("layout", ["half", "interleaved"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
+def test_rotary_fast_path_equals_apply_rope_with_gradients(layout, dtype):
+    gen = torch.Generator().manual_seed(0)
+    rot = RotaryEmbedding(16, layout=layout)
+    x = torch.randn(2, 6, 3, 16, generator=gen).to(dtype).transpose(1, 2)  # like q from MHA
+    x.requires_grad_(True)
+    cos, sin = rot.cos_sin(start=5, length=6)
+    got, want = rot.rotate(x, start=5), apply_rope(x, cos, sin, layout)
+    tol = {torch.bfloat16: 2e-2}.get(dtype, 1e-6)
+    assert got.dtype == dtype and got.shape == x.shape
+    torch.testing.assert_close(got, want, atol=tol, rtol=tol)
+    g = torch.randn(got.shape, generator=gen).to(dtype)
+    (g_got,) = torch.autograd.grad(got, x, g)
+    (g_want,) = torch.autograd.grad(want, x, g)
+    torch.testing.assert_close(g_got, g_want, atol=tol, rtol=tol)
+
+
+def test_rotary_pair_equals_two_rotations():
+    rot = RotaryEmbedding(16)
+    q, k = torch.randn(2, 4, 5, 16), torch.randn(2, 2, 5, 16)
+    pos = torch.tensor([3, 4, 5, 6, 7])
+    for q_pos, k_pos in ((None, None), (pos, pos), (pos, pos.flip(0))):
+        got = rot(q, k, q_pos, k_pos)
+        want = (rot.rotate(q, q_pos), rot.rotate(k, k_pos))
+        for g, w in zip(got, want, strict=True):
+            torch.testing.assert_close(g, w)
+    with pytest.raises(ValueError, match="k must be"):
+        rot(q, torch.randn(2, 2, 5, 8))
+
+
+def test_rotary_partial_rotation_takes_the_reference_path():
+    rot = RotaryEmbedding(16, rotary_dim=8)
+    x = torch.randn(1, 2, 5, 16)
+    cos, sin = rot.cos_sin(start=0, length=5)
+    torch.testing.assert_close(rot.rotate(x), apply_rope(x, cos, sin))
+    assert torch.equal(rot.rotate(x)[..., 8:], x[..., 8:])
+
+
+@slow
+def test_fused_rope_equals_eager():
+    # compiles one small elementwise kernel (a few seconds cold)
+    fused, eager = RotaryEmbedding(16, fused=True), RotaryEmbedding(16)
+    assert "fused=True" in repr(fused) and "fused" not in repr(eager)
+    for dtype, tol in ((torch.float32, 1e-6), (torch.bfloat16, 4e-2)):
+        x, k = torch.randn(2, 3, 7, 16).to(dtype), torch.randn(2, 1, 7, 16).to(dtype)
+        got = fused.rotate(x, start=2)
+        assert got.dtype == dtype
+        torch.testing.assert_close(got, eager.rotate(x, start=2), atol=tol, rtol=tol)
+        for got, want in zip(fused(x, k, start=2), eager(x, k, start=2), strict=True):  # q, k
+            torch.testing.assert_close(got, want, atol=tol, rtol=tol)
+    with pytest.raises(TypeError, match="fused"):
+        RotaryEmbedding(16, fused=1)
+
+
+@slow
+def test_fused_rope_positions_scaling_and_gradients():
+    # the fused path keeps its own cast cos/sin table per dtype: it must follow explicit
+    # positions, a change of scaling and cache growth, and it must train like the eager one
+    fused, eager = RotaryEmbedding(16, fused=True), RotaryEmbedding(16)
+    x, k = torch.randn(2, 3, 5, 16), torch.randn(2, 3, 5, 16)
+    pos = torch.tensor([7, 0, 300, 2, 2])  # 300 grows the cache past its first 256 rows
+    torch.testing.assert_close(fused.rotate(x, pos), eager.rotate(x, pos))
+    for rope in (fused, eager):
+        rope.set_scaling({"type": "linear", "factor": 4.0})
+    torch.testing.assert_close(fused.rotate(x, start=3), eager.rotate(x, start=3))
+    torch.testing.assert_close(fused.rotate(x, pos), eager.rotate(x, pos))
+    grads = []
+    for rope in (fused, eager):
+        xq, xk = x.clone().requires_grad_(), k.clone().requires_grad_()
+        q_rot, k_rot = rope(xq, xk, start=1)
+        (q_rot * k_rot.flip(-1)).sum().backward()
+        grads.append((xq.grad, xk.grad))
+    for got, want in zip(*grads, strict=True):
+        torch.testing.assert_close(got, want)

@@ -16,7 +16,6 @@ from tutorial_pkg.sinusoidal import (
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 
-
 def paper_table(n_pos: int, dim: int, base: float = 10000.0) -> torch.Tensor:
     """PE(p, 2i) = sin(p / base^(2i/d)), PE(p, 2i+1) = cos(p / base^(2i/d)), element by element."""
     rows = []
