@@ -82,7 +82,7 @@ def test_loss_decreases_over_a_few_steps(name):
 
 
 @pytest.mark.parametrize("name", NAMES)
-@pytest.mark.parametrize("backend", ["naive", "sdpa"])
+@pytest.mark.parametrize("backend", ["naive", "sdpa", "auto"])
 def test_kv_cache_decoding_equals_full_forward(name, backend):
     torch.manual_seed(0)
     model = tiny(name, backend=backend).eval()
@@ -170,3 +170,12 @@ def test_bad_inputs_raise():
         TinyLM("rope", d_model=30, n_heads=4)
     with pytest.raises(ValueError, match="max_len"):
         TinyLM("learned", d_model=32, n_heads=4)
+
+
+def test_default_backend_is_the_attention_default():
+    # the same default as MultiHeadAttention: ALiBi adds a key row, no (H, L, L) table is held
+    model = TinyLM("alibi", d_model=32, n_heads=4, n_layers=1)
+    assert model.blocks[0].attn.backend == "auto"
+    with torch.no_grad():
+        model(torch.randint(0, 256, (1, 300)))
+    assert not model.blocks[0].attn.encoding._bias_cache

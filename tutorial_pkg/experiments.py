@@ -94,7 +94,9 @@ class ExperimentConfig:
             every length, rounded down to a multiple of the longest length).
         eval_batch_tokens: tokens per evaluation forward pass.
         heldout_fraction: fraction of plays held out (see :func:`~tutorial_pkg.data.load_splits`).
-        backend: attention backend for training and evaluation.
+        backend: attention backend for training and evaluation (``"sdpa"``, which
+            chapter 7's recorded run used; :class:`~tutorial_pkg.model.TinyLM`
+            defaults to ``"auto"``, which holds no ``(H, L, L)`` ALiBi table).
         device: ``"cpu"``, ``"cuda"``, ... or ``None`` for CUDA when available.
         amp: bfloat16 autocast (CUDA only).
     """

@@ -35,7 +35,9 @@ class TinyLM(nn.Module):
         max_len: positions the learned encoding knows (needed only for ``"learned"``).
         d_ff: MLP width (default ``4 * d_model``).
         dropout: dropout probability.
-        backend: attention backend (``"naive"``, ``"sdpa"``, ``"flex"``).
+        backend: attention backend (``"auto"``, the default of
+            :class:`~tutorial_pkg.attention.MultiHeadAttention`, or ``"naive"``,
+            ``"sdpa"``, ``"flex"``; chapter 4).
         norm_first: pre-norm blocks (``True``) or post-norm.
         n_kv_heads: grouped-query attention heads.
         seed: seed of the initial weights (identical across encodings).
@@ -53,7 +55,7 @@ class TinyLM(nn.Module):
         max_len: int | None = None,
         d_ff: int | None = None,
         dropout: float = 0.0,
-        backend: str = "sdpa",
+        backend: str = "auto",
         norm_first: bool = True,
         n_kv_heads: int | None = None,
         seed: int = 0,
