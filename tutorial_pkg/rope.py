@@ -537,6 +537,15 @@ class RotaryEmbedding(nn.Module):
         Either ``positions`` (integer tensor ``(s,)``) or ``start`` and ``length``
         (positions ``start..start+length-1``, served as a slice of the cache).
         """
+        rows = self._rows(positions, start, length)
+        return self.cos_cached[rows], self.sin_cached[rows]
+
+    def _rows(self, positions, start: int, length) -> slice | torch.Tensor:
+        """Check the positions and grow the cache to them; the cache rows to read.
+
+        A slice for ``start``/``length`` (a view, no copy), the checked integer
+        tensor for explicit ``positions`` (the cache moves to its device).
+        """
         device = self.inv_freq.device if positions is None else positions.device
         if positions is None:
             check_positive_int("length", length)
@@ -551,9 +560,7 @@ class RotaryEmbedding(nn.Module):
                 f"positions must be < max_position={self.max_position}, got up to {end - 1}"
             )
         self._grow(end, torch.device(device))
-        if positions is None:
-            return self.cos_cached[start:end], self.sin_cached[start:end]
-        return self.cos_cached[positions], self.sin_cached[positions]
+        return slice(start, end) if positions is None else positions
 
     def _check(self, name: str, x: torch.Tensor) -> None:
         check_float_tensor(name, x)
@@ -562,70 +569,63 @@ class RotaryEmbedding(nn.Module):
                 f"{name} must be [..., s, head_dim={self.head_dim}], got shape {tuple(x.shape)}"
             )
 
-    def _tables(self, x: torch.Tensor, positions, start: int, name: str = "x"):
-        """Checked ``cos, sin`` for ``x`` (None if ``x`` has no positions)."""
+    def _rows_for(self, x: torch.Tensor, positions, start: int, name: str = "x"):
+        """Checked cache rows for ``x`` (see :meth:`_rows`); None if ``x`` has no positions."""
         self._check(name, x)
         if positions is None:
-            if x.shape[-2] == 0:
-                return None
-            cos, sin = self.cos_sin(start=start, length=x.shape[-2])
-            return cos.to(x.device), sin.to(x.device)
+            return None if x.shape[-2] == 0 else self._rows(None, start, x.shape[-2])
         positions = as_positions("positions", positions)
         if positions.numel() != x.shape[-2]:
             raise ValueError(
                 f"positions must have length s={x.shape[-2]}, got {positions.numel()}"
             )
-        return self.cos_sin(positions.to(x.device))
+        return self._rows(positions.to(x.device), start, None)
 
     def _fusable(self) -> bool:
         return self.fused and self.layout == "half" and self.rotary_dim == self.head_dim
 
-    def _fused_table(self, x: torch.Tensor, positions, start: int) -> torch.Tensor:
-        """``[s, 2, h_d/2]``: cos and sin stacked in ``x``'s dtype, for the fused kernel.
+    def _rotate(self, rows, *xs: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """Rotate tensors of one dtype and device at the same cache ``rows``.
 
-        Call after :meth:`_tables` (which checks and grows the cache). The stacked,
-        cast table is kept per dtype and device (a few hundred KiB), so a call costs
-        a slice instead of two casts of the ``(s, h_d/2)`` tables.
+        Fused: one compiled call on the stacked ``[s, 2, h_d/2]`` cos/sin table in
+        the tensors' dtype, kept per dtype and device (a few hundred KiB), so that a
+        call slices it instead of casting two tables. Otherwise (or if compiling
+        fails) the three-pass eager form on the float32 tables.
         """
-        key = (x.dtype, x.device)
-        cs = self._fused_cs.get(key)
-        if cs is None:
-            cs = torch.stack((self.cos_cached, self.sin_cached), dim=-2).to(x.device, x.dtype)
-            self._fused_cs[key] = cs
-        if positions is None:
-            return cs[start:start + x.shape[-2]]
-        return cs[as_positions("positions", positions).to(x.device)]
+        x = xs[0]
+        if self._fusable():
+            key = (x.dtype, x.device)
+            cs = self._fused_cs.get(key)
+            if cs is None:
+                cs = torch.stack((self.cos_cached, self.sin_cached), dim=-2).to(x.device, x.dtype)
+                self._fused_cs[key] = cs
+            out = _call_fused(len(xs) == 2, *xs, cs[rows])
+            if out is not None:
+                return out if len(xs) == 2 else (out,)
+        cos, sin = self.cos_cached[rows].to(x.device), self.sin_cached[rows].to(x.device)
+        return tuple(_apply_rope_fast(t, cos, sin, self.layout) for t in xs)
 
     def rotate(self, x: torch.Tensor, positions=None, *, start: int = 0) -> torch.Tensor:
         """Apply RoPE to ``x`` ``[b, n_h, s, h_d]`` at ``positions`` (or ``start + arange(s)``)."""
-        tables = self._tables(x, positions, start)
-        if tables is None:
-            return x
-        if self._fusable():
-            out = _call_fused(False, x, self._fused_table(x, positions, start))
-            if out is not None:
-                return out
-        return _apply_rope_fast(x, *tables, self.layout)
+        rows = self._rows_for(x, positions, start)
+        return x if rows is None else self._rotate(rows, x)[0]
 
     def forward(self, q, k, q_pos=None, k_pos=None, *, start: int = 0):
         """Rotate queries and keys; see :meth:`rotate`. Returns ``(q, k)``.
 
         When q and k sit at the same positions (``q_pos is k_pos``, e.g. both
-        ``None``), cos/sin are looked up once, and the fused path rotates both in
+        ``None``), the cache is looked up once, and the fused path rotates both in
         one compiled call.
         """
         if q_pos is not k_pos or q.shape[-2] != k.shape[-2]:
             return self.rotate(q, q_pos, start=start), self.rotate(k, k_pos, start=start)
-        tables = self._tables(q, q_pos, start, "q")
+        rows = self._rows_for(q, q_pos, start, "q")
         self._check("k", k)
-        if tables is None:
+        if rows is None:
             return q, k
-        if self._fusable() and k.dtype == q.dtype:
-            out = _call_fused(True, q, k, self._fused_table(q, q_pos, start))
-            if out is not None:
-                return out
-        return (_apply_rope_fast(q, *tables, self.layout),
-                _apply_rope_fast(k, *tables, self.layout))
+        if k.dtype != q.dtype or k.device != q.device:
+            return self._rotate(rows, q)[0], self._rotate(rows, k)[0]
+        return self._rotate(rows, q, k)
 
     def extra_repr(self) -> str:
         return (
