@@ -46,6 +46,8 @@ def build_encoding(key: str, causal: bool = True, d_model=D_MODEL, n_heads=N_HEA
         return make_encoding("learned", max_len=64, **kw)
     if key == "alibi":
         return make_encoding("alibi", mode=mode, **kw)
+    if key == "alibi_key_only":  # the causal bias without its per-query constant
+        return make_encoding("alibi", mode="key_only", **kw)
     if key.startswith("hybrid"):
         extra = {"hybrid_alpha": {"mix": "alpha", "alpha": 0.3},
                  "hybrid_learnable": {"learnable_scale": True}}.get(key, {})
@@ -320,23 +322,8 @@ def test_gqa_has_fewer_key_value_parameters():
 # --------------------------------------------------------------------------- #
 # The "auto" backend (the default; chapter 5 measures it)
 # --------------------------------------------------------------------------- #
-def _encoding(key: str, causal: bool = True):
-    kw = {"d_model": D_MODEL, "n_heads": N_HEADS}
-    mode = "causal" if causal else "symmetric"
-    if key == "alibi_key_only":
-        return make_encoding("alibi", mode="key_only", **kw)
-    if key == "hybrid_learnable":
-        enc = make_encoding("hybrid", learnable_scale=True, mode=mode, **kw)
-        with torch.no_grad():
-            enc.log_scale.copy_(torch.linspace(-0.5, 0.7, N_HEADS))
-        return enc
-    if key in ("alibi", "hybrid"):
-        return make_encoding(key, mode=mode, **kw)
-    return make_encoding(key, max_len=64, **kw)
-
-
 def _pair(key, causal, gqa):
-    enc = _encoding(key, causal)
+    enc = build_encoding(key, causal)
     kv = 2 if gqa else None
     auto = MultiHeadAttention(D_MODEL, N_HEADS, enc, causal=causal, n_kv_heads=kv)
     naive = MultiHeadAttention(D_MODEL, N_HEADS, enc, causal=causal, n_kv_heads=kv,
@@ -372,7 +359,7 @@ def test_auto_backend_equals_naive_with_padding_and_gradients(key, causal, gqa):
 
 
 def test_auto_adds_a_key_row_to_the_fused_causal_kernel(monkeypatch):
-    enc = _encoding("alibi")
+    enc = build_encoding("alibi")
     layer = MultiHeadAttention(D_MODEL, N_HEADS, enc)
     assert attention._check_key_row(torch.device("cpu"), torch.float32, False)  # probe first
     seen = []
