@@ -16,7 +16,7 @@ else:  # pragma: no cover
     import tomli as tomllib
 
 ROOT = Path(__file__).resolve().parents[1]
-CONDA_TO_PYPI = {"pytorch": "torch"}
+CONDA_TO_PYPI = {"pytorch": "torch", "python-build": "build"}
 
 
 def _name(requirement: str) -> str:
@@ -61,6 +61,29 @@ def test_environment_yml_version_bounds_match_pyproject():
             spec = dep[len(_name(dep)):].replace(" ", "")
             pip_spec = bounds[name].split(";")[0]
             assert spec == pip_spec, f"{name}: conda {spec!r} vs pip {pip_spec!r}"
+
+
+def test_version_has_one_source_the_pyproject():
+    import tutorial_pkg
+
+    assert "version" not in _pyproject()["project"].get("dynamic", [])
+    assert tutorial_pkg.__version__ == _pyproject()["project"]["version"], (
+        "tutorial_pkg.__version__ is read from the installed metadata: reinstall "
+        "(pip install -e .) after changing the version in pyproject.toml"
+    )
+
+
+def test_package_metadata_uses_the_configured_repository_and_ships_py_typed():
+    url = yaml.safe_load((ROOT / "_config.yml").read_text())["repository"]["url"]
+    project = _pyproject()["project"]
+    assert set(project["urls"]) >= {"Homepage", "Repository", "Documentation"}
+    for name, link in project["urls"].items():
+        assert link.rstrip("/") == url.rstrip("/"), f"project.urls.{name}: {link} is not {url}"
+    assert project["license"] == "MIT" and project["license-files"] == ["LICENSE"]
+    assert not any(c.startswith("License ::") for c in project["classifiers"]), "SPDX only"
+    assert "Typing :: Typed" in project["classifiers"]
+    assert (ROOT / "tutorial_pkg" / "py.typed").is_file()
+    assert "py.typed" in _pyproject()["tool"]["setuptools"]["package-data"]["tutorial_pkg"]
 
 
 def test_readme_has_exactly_two_commands_and_ci_calls_the_test_one():

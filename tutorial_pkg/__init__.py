@@ -48,7 +48,19 @@ from .rope import (
 )
 from .sinusoidal import SinusoidalPositionalEmbedding, sinusoidal_frequencies, sinusoidal_table
 
-__version__ = "0.1.0"
+
+def _version() -> str:
+    """The version has one source, pyproject.toml; read it from the installed metadata."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("tutorial_pkg")
+    except PackageNotFoundError:  # a checkout on sys.path that was never pip-installed
+        return "0+unknown"
+
+
+__version__ = _version()
+del _version
 
 __all__ = [
     # sinusoidal
