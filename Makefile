@@ -6,7 +6,7 @@ VENV       ?= .venv
 TORCH_SPEC ?= torch==2.13.0
 BIN        := $(VENV)/bin
 
-.PHONY: setup book test lint unit nbval build html-check bench clean
+.PHONY: setup book test lint unit wheel-check nbval build html-check bench clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -29,6 +29,10 @@ lint:
 
 unit:
 	$(BIN)/python -m pytest tests -q
+
+## wheel-check: build the sdist and wheel, install the wheel into a fresh .venv-wheel, run the README snippet there
+wheel-check:
+	$(BIN)/python .ci/wheel_check.py
 
 nbval:
 	$(BIN)/python -m pytest --nbval --nbval-current-env --nbval-sanitize-with tests/sanitize.cfg book -q
