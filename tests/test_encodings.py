@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from tutorial_pkg import attention
+from tutorial_pkg import backends
 from tutorial_pkg.alibi import alibi_bias, alibi_slopes
 from tutorial_pkg.attention import MultiHeadAttention
 from tutorial_pkg.encodings import (
@@ -105,8 +105,24 @@ def test_alibi_bias_and_score_mod_hooks(mode):
     q_pos, k_pos = torch.arange(2, 5), torch.arange(5)
     torch.testing.assert_close(enc.bias(q_pos, k_pos),
                                alibi_bias(alibi_slopes(N_HEADS), q_pos, k_pos, mode=mode))
-    assert callable(enc.score_mod(2))
     assert len(enc.state_dict()) == 0  # parameter-free, slopes not saved
+    # score_mod adds the same bias, with q_offset (the cache length) or explicit positions
+    scores = torch.zeros(1, N_HEADS, 3, 5)
+    full = alibi_bias(alibi_slopes(N_HEADS), q_pos, k_pos, mode=mode)
+    torch.testing.assert_close(apply_score_mod(enc.score_mod(2), scores),
+                               full.expand(N_HEADS, 3, 5)[None])
+    batched_q, batched_k = torch.stack([q_pos, q_pos + 7]), torch.stack([k_pos, k_pos + 7])
+    got = apply_score_mod(enc.score_mod(0, batched_q, batched_k), scores.expand(2, -1, -1, -1))
+    torch.testing.assert_close(got, enc.bias(batched_q, batched_k).expand(2, N_HEADS, 3, 5))
+    if mode != "key_only":  # relative forms: a shift of every position changes nothing
+        torch.testing.assert_close(got[1], got[0])
+
+
+def apply_score_mod(score_mod, scores):
+    """Evaluate a FlexAttention score_mod on every (b, h, q, kv) of ``scores``."""
+    b, h, q, kv = (torch.arange(n).view(*([1] * i), n, *([1] * (3 - i)))
+                   for i, n in enumerate(scores.shape))
+    return score_mod(scores, b, h, q, kv)
 
 
 def attention_logits(enc, q, k, q_pos, k_pos):
@@ -150,25 +166,44 @@ def test_hybrid_learnable_scale_multiplies_slopes_and_gets_gradients():
         mha(randn(2, 5, D_MODEL)).square().sum().backward()
         grad = enc.log_scale.grad
         assert grad is not None and torch.isfinite(grad).all() and grad.abs().sum() > 0
-        assert len(enc._bias_cache) == 0  # a learnable bias is never cached
+        assert not backends.cached_tensors(enc)  # a learnable bias is never cached
 
 
-def test_attn_bias_is_a_cached_masked_4d_table():
+def test_cached_bias_is_a_masked_4d_table_held_by_the_attention_side():
     enc = ALiBi(N_HEADS)
-    full = enc.attn_bias(0, 6, 6, causal=True, device="cpu")
+    full = backends.cached_bias(enc, 0, 6, 6, causal=True, device="cpu")
     assert full.shape == (1, N_HEADS, 6, 6) and full.dtype == torch.float32
     future = torch.ones(6, 6, dtype=torch.bool).triu(1)
     expected = alibi_bias(N_HEADS, 6).masked_fill(future, float("-inf"))
     torch.testing.assert_close(full[0], expected)
-    assert len(enc._bias_cache) == 1
-    table = next(iter(enc._bias_cache.values()))
-    step = enc.attn_bias(5, 1, 6, causal=True, device="cpu")  # a decoding step: one row
+    (table,) = backends.cached_tensors(enc)
+    step = backends.cached_bias(enc, 5, 1, 6, causal=True, device="cpu")  # a decoding step
     torch.testing.assert_close(step, full[:, :, 5:6])
-    assert next(iter(enc._bias_cache.values())) is table  # sliced, not rebuilt
-    enc.attn_bias(0, 300, 300, causal=True, device="cpu")  # longer: grown once
-    assert next(iter(enc._bias_cache.values())).shape[-1] >= 300
-    enc.to(torch.float64)  # casts invalidate the cache
-    assert len(enc._bias_cache) == 0
+    assert backends.cached_tensors(enc)[0] is table  # sliced, not rebuilt
+    backends.cached_bias(enc, 0, 300, 300, causal=True, device="cpu")  # longer: grown once
+    assert max(t.shape[-1] for t in backends.cached_tensors(enc)) >= 300
+    with torch.no_grad():
+        enc.slopes.mul_(2)  # an in-place change is seen: a new table, not the stale one
+    doubled = backends.cached_bias(enc, 0, 6, 6, causal=True, device="cpu")
+    torch.testing.assert_close(doubled[0], 2 * expected)
+    for i in range(10):  # bounded: at most MAX_CACHED_TABLES entries per encoding
+        backends.cached_bias(enc, 0, 4, 4, causal=True, device="cpu", dtype=torch.float64)
+        with torch.no_grad():
+            enc.slopes.add_(i)
+    assert len(backends.cached_tensors(enc)) <= backends.MAX_CACHED_TABLES
+
+
+def test_caches_do_not_keep_encodings_alive():
+    import gc
+    import weakref
+
+    enc = ALiBi(N_HEADS)
+    backends.cached_bias(enc, 0, 6, 6, causal=True, device="cpu")
+    backends.cached_key_row(enc, 6, device="cpu")
+    ref = weakref.ref(enc)
+    del enc
+    gc.collect()
+    assert ref() is None
 
 
 def test_sdpa_reuses_the_alibi_bias_and_passes_a_4d_mask(monkeypatch):
@@ -181,15 +216,14 @@ def test_sdpa_reuses_the_alibi_bias_and_passes_a_4d_mask(monkeypatch):
         seen.append(None if attn_mask is None else tuple(attn_mask.shape))
         return real_sdpa(q, k, v, attn_mask=attn_mask, **kwargs)
 
-    monkeypatch.setattr(attention.F, "scaled_dot_product_attention", recording_sdpa)
+    monkeypatch.setattr(backends.F, "scaled_dot_product_attention", recording_sdpa)
     x = randn(2, 7, D_MODEL)
     with torch.no_grad():
         first = mha(x)
-        (table,) = enc._bias_cache.values()
+        (table,) = backends.cached_tensors(enc)
         ptr = table.data_ptr()
         second = mha(x)
-    assert len(enc._bias_cache) == 1
-    (table_again,) = enc._bias_cache.values()
+    (table_again,) = backends.cached_tensors(enc)
     assert table_again.data_ptr() == ptr  # not rebuilt on the second call
     torch.testing.assert_close(first, second)
     assert seen == [(1, N_HEADS, 7, 7)] * 2  # 4-D: a 3-D float mask takes the slow path
@@ -199,7 +233,7 @@ def test_sdpa_reuses_the_alibi_bias_and_passes_a_4d_mask(monkeypatch):
     with torch.no_grad():
         mha(x, key_padding_mask=pad)
     assert seen[-1] == (2, N_HEADS, 7, 7)
-    assert len(enc._bias_cache) == 1
+    assert len(backends.cached_tensors(enc)) == 1
 
 
 def test_bf16_model_keeps_rope_and_alibi_constants_in_float32():

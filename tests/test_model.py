@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tutorial_pkg import make_encoding
+from tutorial_pkg import backends, make_encoding
 from tutorial_pkg.model import TinyLM
 
 NAMES = ["nope", "sinusoidal", "learned", "rope", "alibi", "hybrid"]
@@ -178,4 +178,5 @@ def test_default_backend_is_the_attention_default():
     assert model.blocks[0].attn.backend == "auto"
     with torch.no_grad():
         model(torch.randint(0, 256, (1, 300)))
-    assert not model.blocks[0].attn.encoding._bias_cache
+    held = backends.cached_tensors(model.blocks[0].attn.encoding)
+    assert held and all(t.shape[-2] == 1 for t in held)  # key rows only

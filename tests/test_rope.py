@@ -302,7 +302,7 @@ def test_yarn_attention_factor_scales_cos_sin_and_scores():
 
 def test_set_scaling_clears_cache_and_changes_frequencies():
     rope = RotaryEmbedding(16)
-    rope.rotate(randn(1, 1, 3, 16), torch.arange(3))
+    rope.rotate(randn(1, 1, 3, 16))
     assert rope.cos_cached.shape[0] > 0
     rope.set_scaling({"type": "linear", "factor": 2})
     assert rope.cos_cached.shape[0] == 0
@@ -316,11 +316,18 @@ def test_cos_sin_cache_grows_on_demand_and_is_not_in_state_dict():
     rope = RotaryEmbedding(8)
     assert rope.cos_cached.shape[0] == 0
     x = randn(1, 1, 3, 8)
-    rope.rotate(x, torch.arange(3))
+    rope.rotate(x)
     small = rope.cos_cached.shape[0]
     assert 3 <= small
-    rope.rotate(x[:, :, :1], torch.tensor([small + 500]))
+    rope.rotate(x[:, :, :1], start=small + 500)
     assert rope.cos_cached.shape[0] >= small + 501
+    # explicit positions are turned into angles directly: equal values, cache untouched
+    grown = rope.cos_cached.shape[0]
+    far = torch.tensor([grown + 7])
+    direct = rope.rotate(x[:, :, :1], far)
+    assert rope.cos_cached.shape[0] == grown
+    torch.testing.assert_close(direct, rope.rotate(x[:, :, :1], start=grown + 7),
+                               rtol=0, atol=0)
     angles = rope_angles(rope.cos_cached.shape[0], inv_freq(8))
     torch.testing.assert_close(rope.cos_cached, angles.cos())
     torch.testing.assert_close(rope.sin_cached, angles.sin())

@@ -63,6 +63,16 @@ def check_float_tensor(name: str, x: object, ndim: int | None = None) -> torch.T
     return x
 
 
+def check_number(name: str, value: object) -> float:
+    """Return ``float(value)`` if it is a finite real number (not a bool), else raise."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{name} must be a number, got {type(value).__name__}")
+    value = float(value)
+    if value != value or value in (float("inf"), float("-inf")):
+        raise ValueError(f"{name} must be finite, got {value}")
+    return value
+
+
 def as_positions(name: str, positions, device=None) -> torch.Tensor:
     """Turn an int length or an integer tensor into a 1-D int64 position tensor.
 
@@ -93,12 +103,39 @@ def as_positions(name: str, positions, device=None) -> torch.Tensor:
     return positions.long()
 
 
-def contiguous_start(positions: torch.Tensor) -> int | None:
-    """Return ``p0`` if ``positions == p0 + arange(L)``, else ``None`` (cache-friendly)."""
-    n = positions.numel()
-    if n == 0:
-        return 0
-    p0 = int(positions[0])
-    if n == 1 or (int(positions[-1]) - p0 == n - 1 and bool((positions.diff() == 1).all())):
-        return p0
-    return None
+def as_batched_positions(
+    name: str, positions, batch: int, length: int, *, check_values: bool = True
+) -> torch.Tensor:
+    """Check positions ``(s,)`` or ``[b, s]`` and return them as int64 ``[1 or b, s]``.
+
+    The Hugging Face ``position_ids`` / torchtune ``input_pos`` convention: one row
+    shared by the batch, or one row per sequence (left padding, packed documents).
+
+    Args:
+        name: argument name for error messages.
+        positions: an integer tensor ``(s,)``, ``[1, s]`` or ``[b, s]``.
+        batch: the batch size ``b``.
+        length: the sequence length ``s``.
+        check_values: also check that no position is negative. This reads the
+            tensor (a device synchronisation on GPU), so callers do it once per
+            forward pass, not once per layer.
+    """
+    if not isinstance(positions, torch.Tensor):
+        raise TypeError(f"{name} must be an integer tensor (s,) or [b, s], got "
+                        f"{type(positions).__name__}")
+    if positions.is_floating_point() or positions.is_complex() or positions.dtype == torch.bool:
+        raise TypeError(f"{name} must be an integer tensor, got dtype {positions.dtype}")
+    if positions.dim() == 1:
+        positions = positions[None]
+    if positions.dim() != 2 or positions.shape[-1] != length or positions.shape[0] not in (
+        1, batch
+    ):
+        raise ValueError(
+            f"{name} must have shape (s,) or [b, s] with b={batch}, s={length}, "
+            f"got {tuple(positions.shape)}"
+        )
+    if check_values and positions.numel() and not torch.compiler.is_compiling():
+        low = int(positions.min())
+        if low < 0:
+            raise ValueError(f"{name} must be non-negative, got min {low}")
+    return positions.long()

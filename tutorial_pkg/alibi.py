@@ -28,6 +28,11 @@ import torch
 
 from ._checks import as_positions, check_choice, check_nonneg_int, check_positive_int
 
+try:  # the type of a FlexAttention score_mod (torch >= 2.5)
+    from torch.nn.attention.flex_attention import _score_mod_signature
+except ImportError:  # pragma: no cover - older torch
+    from collections.abc import Callable as _score_mod_signature
+
 __all__ = ["ALIBI_MODES", "alibi_slopes", "alibi_bias", "alibi_score_mod"]
 
 #: The forms of the ALiBi bias (see the module docs).
@@ -75,20 +80,30 @@ def _as_slopes(slopes) -> torch.Tensor:
     return slopes.to(torch.promote_types(slopes.dtype, torch.float32))
 
 
+def _positions(name: str, positions, device) -> torch.Tensor:
+    # (L,) or an int L, or [b, L] (one row of positions per sequence)
+    if isinstance(positions, torch.Tensor) and positions.dim() == 2:
+        if positions.is_floating_point() or positions.dtype == torch.bool:
+            raise TypeError(f"{name} must be an integer tensor, got dtype {positions.dtype}")
+        return positions.long()
+    return as_positions(name, positions, device=device)
+
+
 def alibi_bias(slopes, q_pos, k_pos=None, *, mode: str = "causal") -> torch.Tensor:
     """The ALiBi bias ``(H, L_q, L_k)`` in float32 (``(H, 1, L_k)`` for ``key_only``).
 
     Args:
         slopes: ``(H,)`` slopes, or an int head count for :func:`alibi_slopes`.
-        q_pos: query positions: an int ``L_q`` or an integer tensor ``(L_q,)``.
+        q_pos: query positions: an int ``L_q``, an integer tensor ``(L_q,)``, or
+            ``[b, L_q]`` (one row per sequence; the result is then ``(b, H, L_q, L_k)``).
             When decoding with a cache, the new query sits at position
             ``cache_length`` (the query offset).
-        k_pos: key positions (int ``L_k`` or tensor ``(L_k,)``); default ``q_pos``.
+        k_pos: key positions, like ``q_pos``; default ``q_pos``.
         mode: ``"causal"``, ``"key_only"`` or ``"symmetric"`` (see module docs).
 
     Returns:
-        float32 tensor ``(H, L_q, L_k)`` (float64 for float64 slopes); no mask is
-        applied (attention masks).
+        float32 tensor ``(H, L_q, L_k)``, or ``(b, H, L_q, L_k)`` for ``[b, L]``
+        positions (float64 for float64 slopes); no mask is applied (attention masks).
 
     Example:
         >>> alibi_bias(torch.tensor([0.5]), 3)[0]
@@ -98,24 +113,44 @@ def alibi_bias(slopes, q_pos, k_pos=None, *, mode: str = "causal") -> torch.Tens
     """
     slopes = _as_slopes(slopes)
     check_choice("mode", mode, ALIBI_MODES)
-    q = as_positions("q_pos", q_pos, device=slopes.device)
-    k = q if k_pos is None else as_positions("k_pos", k_pos, device=slopes.device)
+    q = _positions("q_pos", q_pos, slopes.device)
+    k = q if k_pos is None else _positions("k_pos", k_pos, slopes.device)
+    return _alibi_bias(slopes, q, k, mode)
+
+
+def _alibi_bias(slopes: torch.Tensor, q: torch.Tensor, k: torch.Tensor, mode: str):
+    """:func:`alibi_bias` on checked int64 positions ``(L,)`` or ``[b, L]``, no checks."""
     m = slopes[:, None, None]
     if mode == "key_only":
-        return m * k.to(m.dtype)[None, None, :]
-    distance = (q[:, None] - k[None, :]).to(m.dtype)  # i - j, exact in fp32 up to 2**24
+        return m * k.to(m.dtype)[..., None, None, :]  # (H, 1, L_k) or (b, H, 1, L_k)
+    distance = (q[..., :, None] - k[..., None, :]).to(m.dtype)  # i - j, exact up to 2**24
     if mode == "symmetric":
         distance = distance.abs()
-    return -m * distance + 0.0  # + 0.0 turns -0.0 (on the diagonal) into 0.0 for display
+    # (H, L_q, L_k) or (b, H, L_q, L_k); + 0.0 turns -0.0 (the diagonal) into 0.0
+    return -m * distance[..., None, :, :] + 0.0
 
 
-def alibi_score_mod(slopes: torch.Tensor, *, mode: str = "causal", q_offset: int = 0):
+def alibi_score_mod(
+    slopes: torch.Tensor,
+    *,
+    mode: str = "causal",
+    q_offset: int = 0,
+    q_pos: torch.Tensor | None = None,
+    k_pos: torch.Tensor | None = None,
+) -> _score_mod_signature:
     """A FlexAttention ``score_mod`` adding the ALiBi bias, never materialising it.
+
+    Positions are ``q_offset + q_idx`` for queries and ``kv_idx`` for keys (a whole
+    sequence, or a chunk after ``q_offset`` cached tokens), or, when ``q_pos`` and
+    ``k_pos`` are given, read from them: ``q_pos[b, q_idx]``, ``k_pos[b, kv_idx]``
+    (left padding, packed documents).
 
     Args:
         slopes: ``(H,)`` float32 slopes (captured by the function).
         mode: ``"causal"``/``"key_only"``/``"symmetric"``.
         q_offset: position of query index 0 (the KV-cache length when decoding).
+        q_pos: optional int64 ``[b, L_q]`` query positions (one row per batch entry).
+        k_pos: optional int64 ``[b, L_k]`` key positions; given together with ``q_pos``.
 
     Returns:
         ``score_mod(score, b, h, q_idx, kv_idx) -> score + bias``.
@@ -123,6 +158,14 @@ def alibi_score_mod(slopes: torch.Tensor, *, mode: str = "causal", q_offset: int
     check_choice("mode", mode, ALIBI_MODES)
     check_nonneg_int("q_offset", q_offset)
     slopes = _as_slopes(slopes)
+    if (q_pos is None) != (k_pos is None):
+        raise ValueError("q_pos and k_pos must be given together")
+    if q_pos is not None:
+        for name, t in (("q_pos", q_pos), ("k_pos", k_pos)):
+            if not isinstance(t, torch.Tensor) or t.dim() != 2 or t.is_floating_point():
+                raise ValueError(f"{name} must be an integer tensor [b, L], got "
+                                 f"{getattr(t, 'shape', type(t).__name__)}")
+        return _gathered_score_mod(slopes, mode, q_pos, k_pos)
 
     if mode == "key_only":
 
@@ -138,5 +181,24 @@ def alibi_score_mod(slopes: torch.Tensor, *, mode: str = "causal", q_offset: int
 
         def score_mod(score, b, h, q_idx, kv_idx):
             return score - slopes[h] * (q_idx + q_offset - kv_idx)
+
+    return score_mod
+
+
+def _gathered_score_mod(slopes, mode, q_pos, k_pos) -> _score_mod_signature:
+    if mode == "key_only":
+
+        def score_mod(score, b, h, q_idx, kv_idx):
+            return score + slopes[h] * k_pos[b, kv_idx]
+
+    elif mode == "symmetric":
+
+        def score_mod(score, b, h, q_idx, kv_idx):
+            return score - slopes[h] * (q_pos[b, q_idx] - k_pos[b, kv_idx]).abs()
+
+    else:
+
+        def score_mod(score, b, h, q_idx, kv_idx):
+            return score - slopes[h] * (q_pos[b, q_idx] - k_pos[b, kv_idx])
 
     return score_mod

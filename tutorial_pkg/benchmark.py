@@ -1220,6 +1220,9 @@ class SeedALiBiAttention:
 
 def _held_bytes(*modules: Any) -> int:
     """Bytes of the buffers and caches a module keeps between calls (encodings, seeds)."""
+    from . import backends
+    from .encodings import PositionEncoding
+
     seen: set[int] = set()
     total = 0
 
@@ -1236,8 +1239,8 @@ def _held_bytes(*modules: Any) -> int:
             for sub in m.modules():
                 for t in sub.buffers(recurse=False):
                     add(t)
-                for cache in ("_bias_cache", "_row_cache"):
-                    for t in getattr(sub, cache, {}).values():
+                if isinstance(sub, PositionEncoding):  # tables cached by the backends
+                    for t in backends.cached_tensors(sub):
                         add(t)
         else:
             for t in vars(m).values():
@@ -1305,6 +1308,7 @@ def attention_suite(args: argparse.Namespace) -> Iterator[SuiteEntry]:
         One :class:`SuiteEntry` per (length, pass); inputs are created when the
         entry is generated, so only one group's tensors are alive at a time.
     """
+    from . import backends
     from .attention import MultiHeadAttention
     from .encodings import make_encoding
 
@@ -1330,7 +1334,7 @@ def attention_suite(args: argparse.Namespace) -> Iterator[SuiteEntry]:
                 for backend in args.backends:
                     enc = make_encoding(enc_name, d_model=heads * head_dim, n_heads=heads,
                                         max_len=seq_len)
-                    if backend == "auto" and not enc.has_bias:
+                    if backend == "auto" and enc.key_bias(torch.arange(1)) is None:
                         continue  # auto is exactly the sdpa path here
                     layer = MultiHeadAttention(heads * head_dim, heads, enc, backend=backend)
                     layer = layer.to(device)
@@ -1350,8 +1354,8 @@ def attention_suite(args: argparse.Namespace) -> Iterator[SuiteEntry]:
                         held=lambda seed=seed: _held_bytes(seed),
                     )
                     enc3 = make_encoding("alibi", n_heads=heads)
-                    bias3 = enc3.attn_bias(0, seq_len, seq_len, causal=True, device=device,
-                                           dtype=dtype)[0]  # (H, L, L): a 3-D mask
+                    bias3 = backends.cached_bias(enc3, 0, seq_len, seq_len, causal=True,
+                                                 device=device, dtype=dtype)[0]  # 3-D mask
 
                     def sdpa_3d(q_, k_, v_, bias3=bias3):
                         return torch.nn.functional.scaled_dot_product_attention(

@@ -1,45 +1,48 @@
 """One interface for every position encoding, and a registry. Chapters 4 and 6.
 
-Encodings act at three different places of attention. Every encoding has the same
-three hooks, and :class:`~tutorial_pkg.attention.MultiHeadAttention` calls all
-three, so adding an encoding never touches attention:
+Encodings act at different places of attention. Every encoding has the same hooks,
+and :class:`~tutorial_pkg.attention.MultiHeadAttention` calls them, so adding an
+encoding never touches attention:
 
-==============================  =========================  ===========================
-hook                            used by                    returns
-==============================  =========================  ===========================
-``embed(x, positions)``         sinusoidal, learned        ``x`` plus positions
-``rotate(q, k, q_pos, k_pos)``  RoPE, hybrid               rotated ``q, k``
-``bias(q_pos, k_pos)``          ALiBi, hybrid              fp32 ``(H, L_q, L_k)`` or None
-``score_mod(q_offset)``         ALiBi, hybrid (Flex)       a FlexAttention score_mod
-``key_bias(k_pos)``             ALiBi, hybrid (fast path)  ``(H, 1, L_k)`` or None
-==============================  =========================  ===========================
+=========================================  ==========================  =========================
+hook                                       used by                     returns
+=========================================  ==========================  =========================
+``embed(x, positions)``                    sinusoidal, learned         ``x`` plus positions
+``rotate(q, k, q_pos, k_pos)``             RoPE, hybrid                rotated ``q, k``
+``bias(q_pos, k_pos)``                     ALiBi, hybrid               fp32 ``(H, L_q, L_k)``
+``score_mod(q_offset, q_pos, k_pos)``      ALiBi, hybrid (Flex)        a Flex ``score_mod``
+``key_bias(k_pos)``                        ALiBi, hybrid (fast path)   fp32 ``(H, 1, L_k)``
+=========================================  ==========================  =========================
 
-``key_bias`` is an optional fourth view of the ``bias`` hook, for speed: when the bias
-equals a per-key row *up to a constant per query*, softmax cannot tell them apart
-(``softmax(s + c) = softmax(s)``), so attention may add the row ``(H, 1, L_k)`` instead of
-the ``(H, L_q, L_k)`` matrix. Causal ALiBi is such a bias: ``-m (i - j) = m j - m i``.
+Each returns the identity (``embed``, ``rotate``) or ``None`` (the others) when the
+encoding does not act there; attention then skips that step. ``score_mod`` and
+``key_bias`` are other forms of ``bias``: the first for FlexAttention (the bias is never
+built), the fifth hook for speed: when the bias equals a per-key row *up to a
+constant per query*, softmax cannot tell them apart (``softmax(s + c) = softmax(s)``),
+so attention may add the row ``(H, 1, L_k)`` instead of the ``(H, L_q, L_k)`` matrix.
+Causal ALiBi is such a bias: ``-m (i - j) = m j - m i``.
 
-Positions are explicit integer tensors, so decoding with a KV cache is correct for
-every encoding: a new token at position ``t`` is embedded, rotated and biased as
-position ``t``.
+Positions are explicit integer tensors, ``(L,)`` or ``[b, L]``, so decoding with a KV
+cache, left-padded batches and packed documents are correct for every encoding: a
+token at position ``t`` is embedded, rotated and biased as position ``t``.
 """
 
 from __future__ import annotations
 
-import contextlib
+import inspect
 from typing import ClassVar
 
 import torch
 from torch import nn
 
 from ._checks import (
-    as_positions,
+    as_batched_positions,
     check_choice,
     check_even,
     check_float_tensor,
     check_positive_int,
 )
-from .alibi import ALIBI_MODES, alibi_bias, alibi_score_mod, alibi_slopes
+from .alibi import ALIBI_MODES, _alibi_bias, _score_mod_signature, alibi_score_mod, alibi_slopes
 from .rope import RotaryEmbedding
 from .sinusoidal import SinusoidalPositionalEmbedding
 
@@ -57,130 +60,112 @@ __all__ = [
 
 
 class PositionEncoding(nn.Module):
-    """Base class: every hook is the identity / ``None``.
+    """Base class: every hook is the identity / ``None``; subclasses override what they need.
 
-    Subclasses override the hooks they need. ``static_bias`` says whether
-    :meth:`bias` depends on positions only (then attention may cache it).
+    **Positions.** Hooks receive integer positions ``(L,)`` or ``[b, L]`` (one row per
+    sequence: left padding, packed documents). Attention checks them once per forward
+    pass (integer dtype, shape, not negative), so hooks need not read them back.
+
+    **What attention may read** (class or instance attributes; ``None`` = no constraint):
+
+    * ``n_heads``: the head count the encoding was built for (ALiBi slopes);
+    * ``head_dim``: the head width it rotates (RoPE);
+    * ``max_positions``: positions must be below it (learned tables);
+    * ``supports_scaling``: it has ``set_scaling(rule)`` for RoPE context extension;
+    * ``static_bias``: :meth:`bias` depends on positions only, so attention may cache it
+      (``False`` for a learnable bias).
+
+    **Building by name.** :func:`make_encoding` looks the name up in :data:`ENCODINGS`
+    and calls :meth:`build` with the model's sizes; the default :meth:`build` passes
+    each size the constructor asks for by name (``d_model``, ``n_heads``,
+    ``head_dim``, ``max_len``), so a new encoding needs no code outside its class.
     """
 
     name: ClassVar[str] = "base"
     static_bias: ClassVar[bool] = True
+    n_heads: int | None = None
+    head_dim: int | None = None
+    max_positions: int | None = None
+    supports_scaling: ClassVar[bool] = False
 
-    def __init__(self) -> None:
-        super().__init__()
-        self._bias_cache: dict = {}
-        self._row_cache: dict = {}
+    @classmethod
+    def build(
+        cls,
+        *,
+        d_model: int | None = None,
+        n_heads: int | None = None,
+        head_dim: int | None = None,
+        max_len: int | None = None,
+        **kwargs,
+    ) -> PositionEncoding:
+        """Build from a model's sizes: each size the constructor names is passed.
 
-    # -- the three hooks --------------------------------------------------------------
+        A size the constructor requires but that is ``None`` raises ``ValueError``
+        naming it; keyword arguments the constructor does not take raise ``TypeError``.
+        """
+        sizes = {"d_model": d_model, "n_heads": n_heads, "head_dim": head_dim,
+                 "max_len": max_len}
+        params = inspect.signature(cls.__init__).parameters
+        for arg, value in sizes.items():
+            if arg not in params or arg in kwargs:
+                continue
+            if value is None:
+                if params[arg].default is inspect.Parameter.empty:
+                    raise ValueError(f"make_encoding({cls.name!r}) needs {arg}")
+                continue
+            kwargs[arg] = value
+        accepts_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+        unknown = sorted(set(kwargs) - set(params)) if not accepts_any else []
+        if unknown:
+            raise TypeError(f"make_encoding({cls.name!r}) got unexpected arguments {unknown}")
+        return cls(**kwargs)
+
+    # -- the hooks ------------------------------------------------------------------------
     def embed(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        """Add absolute positions to embeddings ``[b, s, d]``; identity by default."""
+        """Add absolute positions ``(s,)`` or ``[b, s]`` to embeddings ``[b, s, d]``; identity."""
         return x
 
-    def rotate(self, q, k, q_pos, k_pos):
+    def rotate(
+        self, q: torch.Tensor, k: torch.Tensor, q_pos: torch.Tensor, k_pos: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """Rotate ``q`` ``[b, n_h, s_q, h_d]`` and ``k`` ``[b, n_kv, s_k, h_d]``; identity."""
         return q, k
 
     def bias(self, q_pos: torch.Tensor, k_pos: torch.Tensor) -> torch.Tensor | None:
-        """Additive float32 score bias ``(H, L_q, L_k)``, or ``None``."""
+        """Additive float32 score bias, or ``None``.
+
+        ``(H, L_q, L_k)`` for positions ``(L,)``; ``(b, H, L_q, L_k)`` for ``[b, L]``.
+        """
         return None
 
-    def score_mod(self, q_offset: int = 0):
-        """FlexAttention ``score_mod`` equal to adding :meth:`bias`, or ``None``."""
+    def score_mod(
+        self,
+        q_offset: int = 0,
+        q_pos: torch.Tensor | None = None,
+        k_pos: torch.Tensor | None = None,
+    ) -> _score_mod_signature | None:
+        """FlexAttention ``score_mod`` equal to adding :meth:`bias`, or ``None``.
+
+        Positions are ``q_offset + q_idx`` and ``kv_idx``, or, when given, read from
+        ``q_pos[b, q_idx]`` and ``k_pos[b, kv_idx]`` (int64 ``[b, L]``).
+        """
         return None
 
     def key_bias(self, k_pos: torch.Tensor) -> torch.Tensor | None:
-        """The bias as one row per head, float32 ``(H, 1, L_k)``, or ``None``.
+        """The bias as one row per head, float32 ``(H, 1, L_k)`` (``(b, H, 1, L_k)``), or ``None``.
 
-        Only for a bias that depends on the query through a per-query constant
-        alone, ``bias(i, j) = row(j) + c(i)``: softmax is shift invariant along each
-        query's row, so adding ``row`` gives the same attention weights as adding
-        :meth:`bias`. ``None`` (the default) means the bias has no such form (or
-        there is no bias). Used by the ``"auto"`` attention backend.
+        The fifth hook, for speed. Only for a bias that depends on the query through
+        a per-query constant alone, ``bias(i, j) = row(j) + c(i)``: softmax is shift
+        invariant along each query's row, so adding ``row`` gives the same attention
+        weights as adding :meth:`bias`. ``None`` (the default) means the bias has no
+        such form (or there is no bias). Used by the ``"auto"`` attention backend.
         """
         return None
 
     @property
     def has_bias(self) -> bool:
-        """Whether :meth:`bias` returns a tensor (attention then adds it)."""
+        """Whether the class overrides :meth:`bias` (attention asks the hook itself)."""
         return type(self).bias is not PositionEncoding.bias
-
-    # -- cached bias for fused kernels ---------------------------------------------------
-    def attn_bias(
-        self, q_start: int, q_len: int, k_len: int, *, causal: bool, device, dtype=torch.float32
-    ) -> torch.Tensor:
-        """The bias as a 4-D additive mask ``(1, H, q_len, k_len)`` for SDPA, cached.
-
-        Queries sit at positions ``q_start..q_start+q_len-1``, keys at
-        ``0..k_len-1``; with ``causal`` the future keys hold ``-inf``. One square
-        table per (device, dtype, causal) is built for the longest length seen
-        (rounded up to a power of two) and sliced, so the ``L x L`` bias is built
-        once per length, not on every forward call. A learnable bias
-        (``static_bias = False``) is rebuilt on every call instead.
-        """
-        n = max(q_start + q_len, k_len)
-        if not self.static_bias:
-            return self._masked_bias(torch.arange(q_start, q_start + q_len, device=device),
-                                     torch.arange(k_len, device=device), causal, dtype)
-        key = (torch.device(device), dtype, causal)
-        table = self._bias_cache.get(key)
-        if table is None or table.shape[-1] < n:
-            size = max(128, 1 << (n - 1).bit_length())
-            pos = torch.arange(size, device=device)
-            table = self._masked_bias(pos, pos, causal, dtype)
-            self._bias_cache[key] = table
-        return table[:, :, q_start : q_start + q_len, :k_len]
-
-    def _masked_bias(self, q_pos, k_pos, causal, dtype):
-        # A static bias is a cached constant: never record a graph for it.
-        with torch.no_grad() if self.static_bias else contextlib.nullcontext():
-            bias = self.bias(q_pos, k_pos)
-            bias = bias.expand(-1, q_pos.numel(), -1)
-            if causal:
-                future = k_pos[None, :] > q_pos[:, None]
-                bias = bias.masked_fill(future, float("-inf"))
-        return bias.to(dtype).unsqueeze(0)
-
-    def attn_key_bias(self, k_len: int, *, device) -> torch.Tensor | None:
-        """:meth:`key_bias` for keys ``0..k_len-1`` as a 4-D mask ``(1, H, 1, k_len)``, cached.
-
-        Float32 whatever the dtype of q and k (float64 for float64 slopes): the row
-        holds ``m_h j``, which grows with ``j``; rounded to bfloat16 it would lose the
-        small differences between neighbouring keys (in float32 the absolute error is
-        about ``m_h j 2**-24``, ~1e-4 for ``m = 1/2`` at ``j = 4096``). One row per
-        device is built for the longest length seen (rounded up to a power of two)
-        and sliced: ``H`` floats per position, not ``H L`` as for :meth:`attn_bias`.
-        A learnable bias (``static_bias = False``) is rebuilt on every call.
-        ``None`` if the encoding has no :meth:`key_bias`.
-        """
-        if not self.static_bias:
-            row = self.key_bias(torch.arange(k_len, device=device))
-            return None if row is None else row.unsqueeze(0)
-        key = torch.device(device)
-        row = self._row_cache.get(key)
-        if row is None or row.shape[-1] < k_len:
-            size = max(128, 1 << (k_len - 1).bit_length())
-            with torch.no_grad():
-                row = self.key_bias(torch.arange(size, device=device))
-            if row is None:
-                return None
-            row = row.unsqueeze(0)
-            self._row_cache[key] = row
-        return row[..., :k_len]
-
-    def clear_cache(self) -> None:
-        """Drop cached bias tables and rows (after changing slopes or scaling by hand)."""
-        self._bias_cache.clear()
-        self._row_cache.clear()
-
-    def _apply(self, fn, *args, **kwargs):
-        # .to()/.cuda()/.half() invalidate caches built for the old device or dtype.
-        self.clear_cache()
-        out = super()._apply(fn, *args, **kwargs)
-        slopes = getattr(self, "slopes", None)
-        if isinstance(slopes, torch.Tensor) and slopes.dtype != torch.float32:
-            # A dtype cast must not round the ALiBi slopes (the bias is float32).
-            self.slopes = alibi_slopes(self.n_heads, device=slopes.device)
-        return out
 
 
 class NoPE(PositionEncoding):
@@ -201,7 +186,7 @@ class Sinusoidal(PositionEncoding):
 
     def __init__(self, d_model: int, base: float = 10000.0) -> None:
         super().__init__()
-        self.pe = SinusoidalPositionalEmbedding(d_model, base)
+        self.pe = SinusoidalPositionalEmbedding(check_even("d_model", d_model), base)
 
     def embed(self, x, positions):
         return self.pe(x, positions)
@@ -220,13 +205,13 @@ class Learned(PositionEncoding):
     def __init__(self, d_model: int, max_len: int) -> None:
         super().__init__()
         check_positive_int("d_model", d_model)
-        self.max_len = check_positive_int("max_len", max_len)
+        self.max_len = self.max_positions = check_positive_int("max_len", max_len)
         self.table = nn.Embedding(max_len, d_model)
         nn.init.normal_(self.table.weight, std=0.02)
 
     def embed(self, x, positions):
         check_float_tensor("x", x, ndim=3)
-        positions = as_positions("positions", positions)
+        positions = as_batched_positions("positions", positions, x.shape[0], x.shape[1])
         if positions.numel() and int(positions.max()) >= self.max_len:
             raise ValueError(
                 f"positions must be < max_len={self.max_len} for learned embeddings, got "
@@ -250,6 +235,7 @@ class Rotary(PositionEncoding):
     """
 
     name = "rope"
+    supports_scaling = True
 
     def __init__(
         self,
@@ -267,9 +253,14 @@ class Rotary(PositionEncoding):
             head_dim, base, rotary_dim=rotary_dim, layout=layout, scaling=scaling,
             max_position=max_position, fused=fused,
         )
+        self.head_dim = self.rope.head_dim
+        self.max_positions = self.rope.max_position
 
     def rotate(self, q, k, q_pos, k_pos):
-        return self.rope(q, k, q_pos, k_pos)  # cos/sin looked up once when q_pos is k_pos
+        # attention checked the positions; their values are read back again only to
+        # enforce an optional max_position. q_pos is k_pos: cos/sin built once
+        return self.rope(q, k, q_pos, k_pos,
+                         check_positions=self.rope.max_position is not None)
 
     def set_scaling(self, scaling: dict | None) -> None:
         """Change the RoPE scaling rule (e.g. at evaluation).
@@ -297,26 +288,35 @@ class ALiBi(PositionEncoding):
         self.register_buffer("slopes", alibi_slopes(n_heads), persistent=False)
 
     def bias(self, q_pos, k_pos):
-        return alibi_bias(self.slopes, q_pos, k_pos, mode=self.mode)
+        return _alibi_bias(self.slopes, q_pos, k_pos, self.mode)
 
-    def score_mod(self, q_offset: int = 0):
-        return alibi_score_mod(self.slopes, mode=self.mode, q_offset=q_offset)
+    def score_mod(self, q_offset=0, q_pos=None, k_pos=None):
+        return alibi_score_mod(self.slopes, mode=self.mode, q_offset=q_offset,
+                               q_pos=q_pos, k_pos=k_pos)
 
     def key_bias(self, k_pos):
         # -m (i - j) = m j - m i: the key-only row, for the causal and key_only forms
         if self.mode == "symmetric":
             return None
-        return alibi_bias(self.slopes, k_pos[:1], k_pos, mode="key_only")
+        return _alibi_bias(self.slopes, k_pos, k_pos, "key_only")
+
+    def _apply(self, fn, *args, **kwargs):
+        out = super()._apply(fn, *args, **kwargs)
+        if self.slopes.dtype not in (torch.float32, torch.float64):
+            # .half()/.bfloat16() must not round the slopes: the bias is float32
+            self.slopes = alibi_slopes(self.n_heads, device=self.slopes.device)
+        return out
 
 
 class Hybrid(PositionEncoding):
-    """RoPE on ``q, k`` plus the ALiBi bias on the scores. Chapter 6.
+    """RoPE on ``q, k`` plus the ALiBi bias on the scores: a :class:`Rotary` and an
+    :class:`ALiBi`, composed. Chapter 6.
 
     ``mix="add"`` (default, the sound form): ``score = (R q).(R k)/sqrt(d) - s_h m_h (i-j)``
     where ``s_h`` is 1, or a learnable positive per-head scale with
     ``learnable_scale=True`` (initialised at 1, stored as its log).
 
-    ``mix="alpha"`` reproduces the seeds' ``HybridPositionEncoding``:
+    ``mix="alpha"`` reproduces the source articles' ``HybridPositionEncoding``:
     ``score = alpha (R q).(R k)/sqrt(d) + (1 - alpha) bias``. Note that ``alpha``
     also scales the *content* term (it acts as a softmax temperature), which is
     why it is not the default. It is implemented exactly through the hooks:
@@ -334,6 +334,7 @@ class Hybrid(PositionEncoding):
     """
 
     name = "hybrid"
+    supports_scaling = True
 
     def __init__(
         self,
@@ -352,25 +353,34 @@ class Hybrid(PositionEncoding):
         fused: bool = False,
     ) -> None:
         super().__init__()
-        self.rope = RotaryEmbedding(
-            head_dim, base, rotary_dim=rotary_dim, layout=layout, scaling=scaling,
-            max_position=max_position, fused=fused,
-        )
-        self.n_heads = check_positive_int("n_heads", n_heads)
-        self.mode = check_choice("mode", mode, ALIBI_MODES)
+        self.rotary = Rotary(head_dim, base, rotary_dim=rotary_dim, layout=layout,
+                             scaling=scaling, max_position=max_position, fused=fused)
+        self.alibi = ALiBi(n_heads, mode=mode)
+        self.head_dim, self.n_heads = self.rotary.head_dim, self.alibi.n_heads
+        self.max_positions = self.rotary.max_positions
+        self.mode = self.alibi.mode
         self.mix = check_choice("mix", mix, ("add", "alpha"))
         if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not 0 <= alpha <= 1:
             raise ValueError(f"alpha must be a number in [0, 1], got {alpha!r}")
         self.alpha = float(alpha)
-        self.register_buffer("slopes", alibi_slopes(n_heads), persistent=False)
         self.learnable_scale = bool(learnable_scale)
         if self.learnable_scale:
             self.log_scale = nn.Parameter(torch.zeros(n_heads))
             self.static_bias = False  # the bias changes as training moves log_scale
 
+    @property
+    def rope(self) -> RotaryEmbedding:
+        """The :class:`~tutorial_pkg.rope.RotaryEmbedding` of the RoPE part."""
+        return self.rotary.rope
+
+    @property
+    def slopes(self) -> torch.Tensor:
+        """The ALiBi part's fixed slopes ``m_h`` (see :meth:`effective_slopes`)."""
+        return self.alibi.slopes
+
     def effective_slopes(self) -> torch.Tensor:
         """Slopes actually applied: ``m_h * s_h`` (times ``1 - alpha`` for ``mix='alpha'``)."""
-        slopes = self.slopes
+        slopes = self.alibi.slopes
         if self.learnable_scale:
             slopes = slopes * self.log_scale.exp()
         if self.mix == "alpha":
@@ -378,28 +388,31 @@ class Hybrid(PositionEncoding):
         return slopes
 
     def rotate(self, q, k, q_pos, k_pos):
-        q, k = self.rope(q, k, q_pos, k_pos)
+        q, k = self.rotary.rotate(q, k, q_pos, k_pos)
         if self.mix == "alpha":
-            q = q * self.alpha  # the seeds' alpha multiplies the content scores too
+            q = q * self.alpha  # the articles' alpha multiplies the content scores too
         return q, k
 
     def bias(self, q_pos, k_pos):
-        return alibi_bias(self.effective_slopes(), q_pos, k_pos, mode=self.mode)
+        return _alibi_bias(self.effective_slopes(), q_pos, k_pos, self.mode)
 
-    def score_mod(self, q_offset: int = 0):
-        return alibi_score_mod(self.effective_slopes(), mode=self.mode, q_offset=q_offset)
+    def score_mod(self, q_offset=0, q_pos=None, k_pos=None):
+        return alibi_score_mod(self.effective_slopes(), mode=self.mode, q_offset=q_offset,
+                               q_pos=q_pos, k_pos=k_pos)
 
     def key_bias(self, k_pos):
         if self.mode == "symmetric":
             return None
-        return alibi_bias(self.effective_slopes(), k_pos[:1], k_pos, mode="key_only")
+        return _alibi_bias(self.effective_slopes(), k_pos, k_pos, "key_only")
 
     def set_scaling(self, scaling: dict | None) -> None:
         """Change the RoPE scaling rule (e.g. at evaluation)."""
-        self.rope.set_scaling(scaling)
+        self.rotary.set_scaling(scaling)
 
 
-#: The registry of encodings, by name.
+#: The registry of encodings, by name: :func:`make_encoding` looks names up here, so
+#: ``ENCODINGS["mine"] = MyEncoding`` makes ``make_encoding("mine", ...)`` and
+#: ``TinyLM("mine")`` build it (its ``build`` classmethod receives the model's sizes).
 ENCODINGS: dict[str, type[PositionEncoding]] = {
     cls.name: cls for cls in (NoPE, Sinusoidal, Learned, Rotary, ALiBi, Hybrid)
 }
@@ -416,10 +429,12 @@ def make_encoding(
 ) -> PositionEncoding:
     """Build an encoding by name from the model's sizes.
 
-    Each encoding takes what it needs: ``sinusoidal`` and ``learned`` use
-    ``d_model`` (``learned`` also ``max_len``), ``rope`` uses ``head_dim``
-    (default ``d_model // n_heads``), ``alibi`` uses ``n_heads``, ``hybrid`` both.
-    Extra keyword arguments go to the encoding's constructor.
+    The registry :data:`ENCODINGS` is the dispatch: the class registered under
+    ``name`` is built by its :meth:`~PositionEncoding.build`, which passes each size
+    its constructor asks for. So ``sinusoidal`` and ``learned`` use ``d_model``
+    (``learned`` also ``max_len``), ``rope`` uses ``head_dim`` (default
+    ``d_model // n_heads``), ``alibi`` uses ``n_heads``, ``hybrid`` both. Extra
+    keyword arguments go to the encoding's constructor.
 
     Example:
         >>> enc = make_encoding("alibi", n_heads=8)
@@ -433,23 +448,8 @@ def make_encoding(
         if d_model % n_heads:
             raise ValueError(f"d_model ({d_model}) must be divisible by n_heads ({n_heads})")
         head_dim = d_model // n_heads
-
-    def need(arg: str, value):
-        if value is None:
-            raise ValueError(f"make_encoding({name!r}) needs {arg}")
-        return value
-
-    if name == "nope":
-        if kwargs:
-            raise TypeError(f"make_encoding('nope') got unexpected arguments {sorted(kwargs)}")
-        return NoPE()
-    if name == "sinusoidal":
-        return Sinusoidal(check_even("d_model", need("d_model", d_model)), **kwargs)
-    if name == "learned":
-        return Learned(need("d_model", d_model), need("max_len", max_len), **kwargs)
-    if name == "rope":
-        return Rotary(need("head_dim", head_dim), **kwargs)
-    if name == "alibi":
-        return ALiBi(need("n_heads", n_heads), **kwargs)
-    return Hybrid(need("head_dim", head_dim), need("n_heads", n_heads), **kwargs)
-
+    cls = ENCODINGS[name]
+    if not (isinstance(cls, type) and issubclass(cls, PositionEncoding)):
+        raise TypeError(f"ENCODINGS[{name!r}] must be a PositionEncoding subclass, got {cls!r}")
+    return cls.build(d_model=d_model, n_heads=n_heads, head_dim=head_dim, max_len=max_len,
+                     **kwargs)

@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ._checks import check_positive_int
+from ._checks import as_batched_positions, check_positive_int
 from .attention import KVCache, TransformerBlock
 from .encodings import PositionEncoding, make_encoding
 
@@ -112,40 +112,66 @@ class TinyLM(nn.Module):
         """One empty :class:`~tutorial_pkg.attention.KVCache` per layer (incremental decoding)."""
         return [KVCache() for _ in self.blocks]
 
-    def _positions(self, ids, positions, caches):
-        if positions is not None:
-            return positions
-        start = caches[0].length if caches is not None else 0
-        return torch.arange(start, start + ids.shape[1], device=ids.device)
-
     def _check_ids(self, ids):
-        integer = (torch.long, torch.int, torch.uint8)
+        integer = (torch.long, torch.int, torch.int16, torch.uint8)
         if not isinstance(ids, torch.Tensor) or ids.dtype not in integer:
             got = getattr(ids, "dtype", type(ids).__name__)
             raise TypeError(f"ids must be an integer tensor [b, s], got {got}")
         if ids.dim() != 2:
             raise ValueError(f"ids must have shape [b, s], got {tuple(ids.shape)}")
+        if ids.numel() and not torch.compiler.is_compiling():
+            low, high = int(ids.min()), int(ids.max())  # one read per forward pass
+            if low < 0 or high >= self.vocab_size:
+                raise ValueError(
+                    f"ids must be in [0, vocab_size={self.vocab_size}), got values in "
+                    f"[{low}, {high}]"
+                )
 
-    def forward(self, ids, *, positions=None, caches=None, key_padding_mask=None):
+    def _check_caches(self, caches):
+        if caches is None:
+            return
+        if not isinstance(caches, (list, tuple)) or len(caches) != self.n_layers or not all(
+            isinstance(c, KVCache) for c in caches
+        ):
+            raise ValueError(
+                f"caches must be a list of {self.n_layers} KVCache (one per layer, see "
+                f"new_caches()), got {type(caches).__name__}"
+                + (f" of length {len(caches)}" if isinstance(caches, (list, tuple)) else "")
+            )
+
+    def forward(self, ids, *, positions=None, caches=None, key_padding_mask=None,
+                document_ids=None):
         """Next-token logits.
 
         Args:
-            ids: integer token ids ``[b, s]``.
-            positions: optional ``(s,)`` positions (default: after the cached tokens).
+            ids: integer token ids ``[b, s]`` in ``[0, vocab_size)``.
+            positions: optional ``(s,)`` or ``[b, s]`` positions (default: after the
+                cached tokens). For a left-padded batch, use
+                :func:`~tutorial_pkg.positions.positions_from_padding`.
             caches: optional list of :class:`~tutorial_pkg.attention.KVCache`
-                from :meth:`new_caches`.
-            key_padding_mask: optional ``(b, L_k)`` bool, ``True`` = padding.
+                from :meth:`new_caches`, one per layer.
+            key_padding_mask: optional ``(b, L_k)`` bool, ``True`` = padding, over the
+                cached and the new tokens.
+            document_ids: optional ``[b, s]`` ids of packed documents (a token attends
+                only within its document); see
+                :meth:`~tutorial_pkg.attention.MultiHeadAttention.forward`.
 
         Returns:
             float logits ``[b, s, vocab_size]``.
         """
         self._check_ids(ids)
-        pos = self._positions(ids, positions, caches)
+        self._check_caches(caches)
+        b, s = ids.shape
+        if positions is None:
+            start = caches[0].length if caches is not None else 0
+            pos = torch.arange(start, start + s, device=ids.device)
+        else:  # checked once here (values read once), not in every layer
+            pos = as_batched_positions("positions", positions, b, s).to(ids.device)
         x = self.drop(self.encoding.embed(self.tok_emb(ids.long()), pos))
         explicit = pos if positions is not None else None
         for i, block in enumerate(self.blocks):
             x = block(x, positions=explicit, key_padding_mask=key_padding_mask,
-                      kv_cache=None if caches is None else caches[i])
+                      document_ids=document_ids, kv_cache=None if caches is None else caches[i])
         return self.norm(x) @ self.tok_emb.weight.T  # output head tied to the embedding
 
     def loss(self, ids, targets) -> torch.Tensor:

@@ -35,6 +35,7 @@ import torch
 from torch import nn
 
 from ._checks import (
+    as_batched_positions,
     as_positions,
     check_choice,
     check_even,
@@ -131,8 +132,19 @@ def _yarn_scaling(
     """
     factor = check_positive_float("factor", factor)
     check_positive_int("original_max_position", original_max_position)
+    beta_fast = check_positive_float("beta_fast", beta_fast)
+    beta_slow = check_positive_float("beta_slow", beta_slow)
+    if beta_fast <= beta_slow:
+        raise ValueError(
+            f"beta_fast must be > beta_slow (rotations of the fastest kept pair vs the slowest "
+            f"interpolated one), got beta_fast={beta_fast}, beta_slow={beta_slow}"
+        )
+    if base <= 1:
+        raise ValueError(f"base must be > 1 for YaRN (its ramp divides by log(base)), got {base}")
     if attention_factor is None:
         attention_factor = 0.1 * math.log(factor) + 1.0 if factor > 1 else 1.0
+    else:
+        attention_factor = check_positive_float("attention_factor", attention_factor)
 
     def correction_dim(n_rotations: float) -> float:
         # the pair index i whose wavelength fits n_rotations times in the original context
@@ -200,6 +212,14 @@ def rope_angles(positions, inv_freq: torch.Tensor) -> torch.Tensor:
     Returns:
         ``(s, h_d / 2)`` angles in float32 (float64 if ``inv_freq`` is float64).
     """
+    if not isinstance(inv_freq, torch.Tensor) or not inv_freq.is_floating_point() or (
+        inv_freq.dim() != 1
+    ):
+        raise TypeError(
+            f"inv_freq must be a 1-D floating-point tensor (see inv_freq()), got "
+            f"{type(inv_freq).__name__}"
+            + (f" of shape {tuple(inv_freq.shape)}" if isinstance(inv_freq, torch.Tensor) else "")
+        )
     dtype = torch.float64 if inv_freq.dtype == torch.float64 else torch.float32
     pos = as_positions("positions", positions, device=inv_freq.device).to(dtype)
     return torch.outer(pos, inv_freq.to(dtype))
@@ -230,10 +250,9 @@ def apply_rope(
         Tensor of ``x``'s shape and dtype.
     """
     check_float_tensor("x", x)  # an integer x would silently truncate cos/sin to 0/1
+    _check_cos_sin(x, cos, sin)
     half = cos.shape[-1]
     rot = 2 * half
-    if rot > x.shape[-1]:
-        raise ValueError(f"cos/sin cover {rot} features but x has only {x.shape[-1]}")
     # Cast the (fp32-computed) cos/sin once to x's dtype: the product then runs in
     # x's dtype, as Hugging Face does; the angles themselves were never rounded.
     c, s = cos.to(x.dtype), sin.to(x.dtype)
@@ -249,6 +268,29 @@ def apply_rope(
     if x_pass.shape[-1]:
         out = torch.cat((out, x_pass), dim=-1)
     return out
+
+
+def _check_cos_sin(x: torch.Tensor, cos, sin) -> None:
+    for name, t in (("cos", cos), ("sin", sin)):
+        check_float_tensor(name, t)
+        if t.dim() < 2:
+            raise ValueError(f"{name} must be [s, r/2] (or broadcastable), got {tuple(t.shape)}")
+    if cos.shape != sin.shape:
+        raise ValueError(f"cos and sin must have the same shape, got {tuple(cos.shape)} "
+                         f"and {tuple(sin.shape)}")
+    if 2 * cos.shape[-1] > x.shape[-1]:
+        raise ValueError(f"cos/sin cover {2 * cos.shape[-1]} features but x has only "
+                         f"{x.shape[-1]}")
+    if cos.shape[-2] != x.shape[-2]:
+        raise ValueError(
+            f"cos/sin must have one row per position of x: {x.shape[-2]} rows, got "
+            f"{cos.shape[-2]} (slice the table: cos[start:start + s])"
+        )
+    try:
+        torch.broadcast_shapes(cos.shape[:-1], x.shape[:-1])
+    except RuntimeError:
+        raise ValueError(f"cos/sin of shape {tuple(cos.shape)} do not broadcast with x of "
+                         f"shape {tuple(x.shape)}") from None
 
 
 def _apply_rope_fast(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: str):
@@ -372,6 +414,17 @@ def apply_rope_complex(x: torch.Tensor, freqs_cis: torch.Tensor) -> torch.Tensor
         Tensor of ``x``'s shape and dtype.
     """
     check_float_tensor("x", x)
+    if x.dim() < 2 or x.shape[-1] % 2:
+        raise ValueError(f"x must be [..., s, h_d] with an even h_d (pairs are complex numbers), "
+                         f"got shape {tuple(x.shape)}")
+    if not isinstance(freqs_cis, torch.Tensor) or not freqs_cis.is_complex():
+        raise TypeError("freqs_cis must be a complex tensor (s, h_d/2) from "
+                        "precompute_freqs_cis")
+    if tuple(freqs_cis.shape[-2:]) != (x.shape[-2], x.shape[-1] // 2):
+        raise ValueError(
+            f"freqs_cis must have shape (s, h_d/2)=({x.shape[-2]}, {x.shape[-1] // 2}), got "
+            f"{tuple(freqs_cis.shape)} (slice the table: freqs_cis[start:start + s])"
+        )
     xc = torch.view_as_complex(x.float().reshape(*x.shape[:-1], -1, 2))
     return torch.view_as_real(xc * freqs_cis).flatten(-2).type_as(x)
 
@@ -569,63 +622,115 @@ class RotaryEmbedding(nn.Module):
                 f"{name} must be [..., s, head_dim={self.head_dim}], got shape {tuple(x.shape)}"
             )
 
-    def _rows_for(self, x: torch.Tensor, positions, start: int, name: str = "x"):
-        """Checked cache rows for ``x`` (see :meth:`_rows`); None if ``x`` has no positions."""
+    def _positions_for(self, x: torch.Tensor, positions, name: str, check_values: bool):
+        """Checked explicit positions for ``x`` ``[b, n_h, s, h_d]``: int64 ``(s,)`` or
+        ``[1 or b, 1, s]`` (one row per sequence, broadcast over heads)."""
+        if positions.dim() == 1:
+            positions = as_positions("positions", positions) if check_values else positions
+            if positions.numel() != x.shape[-2]:
+                raise ValueError(
+                    f"positions must have length s={x.shape[-2]}, got {positions.numel()}"
+                )
+            return positions.long().to(x.device)
+        batch = x.shape[0] if x.dim() == 4 else 1
+        positions = as_batched_positions("positions", positions, batch, x.shape[-2],
+                                         check_values=check_values)
+        return positions[:, None, :].to(x.device)
+
+    def _tables(self, x: torch.Tensor, positions, start: int, name: str, check_values: bool):
+        """float32 ``cos, sin`` broadcastable to ``x``, and the cache rows they came from.
+
+        Default positions (``start + arange(s)``) read a slice of the cache: no copy and
+        nothing read back from the device. Explicit positions are turned into angles
+        directly (the same float32 products as the cache, so the same values), which
+        needs no bound on them and so no device synchronisation, as Hugging Face does
+        with ``position_ids``. Returns None if ``x`` has no positions.
+        """
         self._check(name, x)
+        if x.shape[-2] == 0:
+            return None
         if positions is None:
-            return None if x.shape[-2] == 0 else self._rows(None, start, x.shape[-2])
-        positions = as_positions("positions", positions)
-        if positions.numel() != x.shape[-2]:
-            raise ValueError(
-                f"positions must have length s={x.shape[-2]}, got {positions.numel()}"
-            )
-        return self._rows(positions.to(x.device), start, None)
+            rows = self._rows(None, start, x.shape[-2])
+            return self.cos_cached[rows], self.sin_cached[rows], rows
+        if not isinstance(positions, torch.Tensor):
+            positions = as_positions("positions", positions, device=x.device)
+        positions = self._positions_for(x, positions, name, check_values)
+        if self.max_position is not None and check_values:
+            end = int(positions.max()) + 1
+            if end > self.max_position:
+                raise ValueError(
+                    f"positions must be < max_position={self.max_position}, got up to {end - 1}"
+                )
+        inv = self.inv_freq.to(x.device)
+        angles = positions.to(inv.dtype)[..., None] * inv
+        return angles.cos() * self.attention_factor, angles.sin() * self.attention_factor, None
 
     def _fusable(self) -> bool:
         return self.fused and self.layout == "half" and self.rotary_dim == self.head_dim
 
-    def _rotate(self, rows, *xs: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        """Rotate tensors of one dtype and device at the same cache ``rows``.
+    def _rotate(self, tables, *xs: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """Rotate tensors of one dtype and device by the ``(cos, sin, rows)`` of :meth:`_tables`.
 
-        Fused: one compiled call on the stacked ``[s, 2, h_d/2]`` cos/sin table in
-        the tensors' dtype, kept per dtype and device (a few hundred KiB), so that a
-        call slices it instead of casting two tables. Otherwise (or if compiling
-        fails) the three-pass eager form on the float32 tables.
+        Fused: one compiled call on a stacked ``[..., s, 2, h_d/2]`` cos/sin table in the
+        tensors' dtype. For cache rows, the stacked table is kept per dtype and device
+        (a few hundred KiB), so that a call slices it instead of casting two tables.
+        Otherwise (or if compiling fails) the three-pass eager form on float32 tables.
         """
+        cos, sin, rows = tables
         x = xs[0]
         if self._fusable():
-            key = (x.dtype, x.device)
-            cs = self._fused_cs.get(key)
-            if cs is None:
-                cs = torch.stack((self.cos_cached, self.sin_cached), dim=-2).to(x.device, x.dtype)
-                self._fused_cs[key] = cs
-            out = _call_fused(len(xs) == 2, *xs, cs[rows])
+            if rows is None:
+                cs = torch.stack((cos, sin), dim=-2).to(x.dtype)
+            else:
+                key = (x.dtype, x.device)
+                full = self._fused_cs.get(key)
+                if full is None:
+                    full = torch.stack((self.cos_cached, self.sin_cached), dim=-2)
+                    full = self._fused_cs[key] = full.to(x.device, x.dtype)
+                cs = full[rows]
+            out = _call_fused(len(xs) == 2, *xs, cs)
             if out is not None:
                 return out if len(xs) == 2 else (out,)
-        cos, sin = self.cos_cached[rows].to(x.device), self.sin_cached[rows].to(x.device)
+        cos, sin = cos.to(x.device), sin.to(x.device)
         return tuple(_apply_rope_fast(t, cos, sin, self.layout) for t in xs)
 
-    def rotate(self, x: torch.Tensor, positions=None, *, start: int = 0) -> torch.Tensor:
-        """Apply RoPE to ``x`` ``[b, n_h, s, h_d]`` at ``positions`` (or ``start + arange(s)``)."""
-        rows = self._rows_for(x, positions, start)
-        return x if rows is None else self._rotate(rows, x)[0]
+    def rotate(
+        self, x: torch.Tensor, positions=None, *, start: int = 0, check_positions: bool = True
+    ) -> torch.Tensor:
+        """Apply RoPE to ``x`` ``[b, n_h, s, h_d]``.
 
-    def forward(self, q, k, q_pos=None, k_pos=None, *, start: int = 0):
+        Args:
+            x: queries or keys ``[b, n_h, s, h_d]`` (or ``[..., s, h_d]``).
+            positions: ``(s,)`` or ``[b, s]`` integer positions (Hugging Face
+                ``position_ids``); default ``start + arange(s)``.
+            start: first position when ``positions`` is not given.
+            check_positions: check the values of explicit positions (not negative,
+                below ``max_position``): this reads them back from the device, so
+                attention, which checks them once per forward pass, turns it off.
+        """
+        tables = self._tables(x, positions, start, "x", check_positions)
+        return x if tables is None else self._rotate(tables, x)[0]
+
+    def forward(self, q, k, q_pos=None, k_pos=None, *, start: int = 0,
+                check_positions: bool = True):
         """Rotate queries and keys; see :meth:`rotate`. Returns ``(q, k)``.
 
         When q and k sit at the same positions (``q_pos is k_pos``, e.g. both
-        ``None``), the cache is looked up once, and the fused path rotates both in
+        ``None``), the tables are built once, and the fused path rotates both in
         one compiled call.
         """
         if q_pos is not k_pos or q.shape[-2] != k.shape[-2]:
-            return self.rotate(q, q_pos, start=start), self.rotate(k, k_pos, start=start)
-        rows = self._rows_for(q, q_pos, start, "q")
+            return (self.rotate(q, q_pos, start=start, check_positions=check_positions),
+                    self.rotate(k, k_pos, start=start, check_positions=check_positions))
+        tables = self._tables(q, q_pos, start, "q", check_positions)
         self._check("k", k)
-        if rows is None:
+        if tables is None:
             return q, k
-        if k.dtype != q.dtype or k.device != q.device:
-            return self._rotate(rows, q)[0], self._rotate(rows, k)[0]
-        return self._rotate(rows, q, k)
+        if k.dtype != q.dtype or k.device != q.device or (
+            tables[2] is None and q.shape[0] != k.shape[0]
+        ):
+            return self._rotate(tables, q)[0], self._rotate(tables, k)[0]
+        return self._rotate(tables, q, k)
 
     def extra_repr(self) -> str:
         return (

@@ -14,7 +14,14 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ._checks import as_positions, check_even, check_float_tensor, check_positive_float
+from ._checks import (
+    as_batched_positions,
+    as_positions,
+    check_even,
+    check_float_tensor,
+    check_nonneg_int,
+    check_positive_float,
+)
 
 __all__ = ["sinusoidal_frequencies", "sinusoidal_table", "SinusoidalPositionalEmbedding"]
 
@@ -93,7 +100,8 @@ class SinusoidalPositionalEmbedding(nn.Module):
 
         Args:
             x: embeddings ``[b, s, d]``.
-            positions: optional integer tensor ``(s,)``; default ``offset + arange(s)``.
+            positions: optional integer positions ``(s,)`` or ``[b, s]``; default
+                ``offset + arange(s)``.
             offset: start position when ``positions`` is not given.
 
         Returns:
@@ -103,11 +111,8 @@ class SinusoidalPositionalEmbedding(nn.Module):
         if x.shape[-1] != self.dim:
             raise ValueError(f"x must have last dimension dim={self.dim}, got {x.shape[-1]}")
         if positions is None:
+            check_nonneg_int("offset", offset)
             positions = torch.arange(offset, offset + x.shape[1], device=x.device)
-        positions = as_positions("positions", positions)
-        if positions.numel() != x.shape[1]:
-            raise ValueError(
-                f"positions must have length s={x.shape[1]}, got {positions.numel()}"
-            )
+        positions = as_batched_positions("positions", positions, x.shape[0], x.shape[1])
         self._grow(int(positions.max()) + 1 if positions.numel() else 0, x.device)
         return x + self.table[positions].to(x.dtype)

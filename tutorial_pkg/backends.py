@@ -1,0 +1,636 @@
+"""Attention backends: one plan, four ways to compute it. Chapters 4 and 5.
+
+:class:`~tutorial_pkg.attention.MultiHeadAttention` describes a call once, as an
+:class:`AttentionPlan` (query and key positions, where the queries sit in the KV cache,
+causal or not, key padding, document ids), and each backend turns the plan into its
+own kernel call. They all agree with ``"naive"`` to tolerance, tested for every encoding.
+
+* ``"naive"``: matmul, softmax, matmul, in float32 (float64 for float64 inputs).
+  The textbook form and the test oracle; it materialises the ``(b, H, L_q, L_k)``
+  scores.
+* ``"sdpa"``: :func:`torch.nn.functional.scaled_dot_product_attention`. Without a
+  bias and without a mask it uses ``is_causal=True`` (nothing ``L x L`` is built).
+  With ALiBi/hybrid it passes a 4-D bias ``(1 or b, H, L_q, L_k)`` (a 3-D float mask
+  makes CPU SDPA fall back silently to its slow math path, chapter 5). For the
+  default positions the table is cached per encoding (:func:`cached_bias`).
+  The bias stays float32 where the kernel takes a float32 mask with 16-bit q (CPU,
+  checked); elsewhere each row is first shifted so that its largest allowed value is
+  0 (softmax is shift invariant), so rounding to q's dtype keeps the keys that carry
+  weight exact: the key-only form ``m j`` would lose ``m`` at large ``j`` otherwise.
+* ``"flex"``: FlexAttention with the encoding's ``score_mod`` and a block mask
+  (causal, padding and documents in its ``mask_mod``), so no bias is materialised.
+  For a whole causal sequence without padding it is compiled with dynamic shapes:
+  one compilation per ``score_mod`` serves every length; other calls compile once
+  per shape. On CPU, calls shorter than one tile (128 queries or keys) run
+  FlexAttention *eagerly*: torch 2.13's compiled CPU kernel is wrong there on AVX2
+  CPUs (measured at 8 tokens: errors of 1.9-3.9 with dynamic shapes, NaN with
+  static ones; right at 2-7, 9-100 and from 128 on; AVX-512 CPUs are right), and
+  eagerly the scores of one tile are small. Falls back to ``"sdpa"``, with a
+  warning saying why, where this torch cannot run it: FlexAttention missing,
+  inputs that require grad on CPU (no CPU backward in torch 2.13; decided by
+  ``requires_grad``, which is what torch checks, not by grad mode), dropout, or
+  single-token decoding steps.
+* ``"auto"``: the fastest exact path for the call at hand, without compiling
+  anything. Encodings without a key row take ``"sdpa"``. ALiBi and the hybrid
+  (causal or key-only form) add their :meth:`~tutorial_pkg.encodings.PositionEncoding.key_bias`
+  row ``m_h j`` of shape ``(1 or b, H, 1, L_k)``, float32, to SDPA's fused causal
+  kernel: softmax is shift invariant along a query's row and
+  ``-m (i - j) = m j - m i``, so the weights are exactly those of the full causal
+  bias while nothing ``L x L`` is built. Passing a mask with ``is_causal=True`` is
+  not promised by PyTorch's documentation, so the path is checked once per
+  (device type, dtype, GQA) against a float64 reference, forward and backward,
+  before it is used (:func:`key_row_supported`); where the check fails, and for the
+  symmetric form, documents, chunked prefill with a KV cache, dropout or a learnable
+  bias under autograd, ``"auto"`` uses ``"sdpa"``.
+
+Causality is by order in the sequence (the query at cache slot ``t`` sees slots
+``<= t``), as in Hugging Face models, not by position value; positions only feed the
+encoding. A query whose keys are all masked returns zeros, never NaN.
+
+Caches are bounded: per encoding (held weakly, so they go with it) at most
+:data:`MAX_CACHED_TABLES` bias tables and rows, keyed by device, dtype and the
+encoding's tensors (a ``.to()`` or an in-place change of the slopes makes a new
+entry); at most :data:`MAX_BLOCK_MASKS` block masks.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+import weakref
+from collections import OrderedDict
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from .encodings import PositionEncoding
+
+try:  # FlexAttention: torch >= 2.5
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+    _FLEX_IMPORT_ERROR = None
+except ImportError as _err:  # pragma: no cover - depends on the installed torch
+    flex_attention = create_block_mask = None
+    _FLEX_IMPORT_ERROR = str(_err)
+
+__all__ = [
+    "BACKENDS",
+    "MAX_CACHED_TABLES",
+    "MAX_BLOCK_MASKS",
+    "FLEX_TILE",
+    "AttentionPlan",
+    "flex_available",
+    "cached_bias",
+    "cached_key_row",
+    "cached_tensors",
+    "clear_caches",
+    "key_row_supported",
+    "naive",
+    "sdpa",
+    "key_row",
+    "flex",
+]
+
+#: Attention backends, see the module docs.
+BACKENDS = ("naive", "sdpa", "flex", "auto")
+#: Bias tables and key rows kept per encoding (least recently used dropped first).
+MAX_CACHED_TABLES = 4
+#: FlexAttention block masks kept (least recently used dropped first).
+MAX_BLOCK_MASKS = 32
+#: FlexAttention's tile (block) size; below it, CPU calls run eagerly (module docs).
+FLEX_TILE = 128
+
+
+# --------------------------------------------------------------------------- the plan
+@dataclass(frozen=True)
+class AttentionPlan:
+    """Everything a backend needs to know about one attention call, but q, k and v.
+
+    Attributes:
+        q_pos: int64 ``[1 or b, s]`` positions of the queries.
+        k_pos: int64 ``[1 or b, L_k]`` positions of the keys (cached ones first).
+        start: cache slot of query 0 (the number of keys that came from the cache).
+        default_positions: ``q_pos == start + arange(s)`` and ``k_pos == arange(L_k)``,
+            known without looking: cached tables and Flex's ``q_offset`` apply.
+        causal: query at slot ``start + i`` sees key slots ``<= start + i``.
+        key_padding_mask: bool ``[b, L_k]``, ``True`` = padding, or None.
+        q_doc: ``[1 or b, s]`` document ids of the queries, or None.
+        k_doc: ``[1 or b, L_k]`` document ids of the keys, or None.
+    """
+
+    q_pos: torch.Tensor
+    k_pos: torch.Tensor
+    start: int
+    default_positions: bool
+    causal: bool
+    key_padding_mask: torch.Tensor | None = None
+    q_doc: torch.Tensor | None = None
+    k_doc: torch.Tensor | None = None
+
+    @property
+    def s(self) -> int:
+        return self.q_pos.shape[-1]
+
+    @property
+    def k_len(self) -> int:
+        return self.k_pos.shape[-1]
+
+    @property
+    def whole_sequence(self) -> bool:
+        """Queries and keys are the same tokens (no cached keys before them)."""
+        return self.start == 0 and self.s == self.k_len
+
+    @property
+    def has_documents(self) -> bool:
+        return self.q_doc is not None
+
+    def allowed(self, *, padding: bool = True) -> torch.Tensor | None:
+        """Bool ``[1 or b, 1, s, L_k]`` of allowed (query, key) pairs; None if all are."""
+        device = self.q_pos.device
+        allowed = None
+        if self.causal:
+            q_slot = torch.arange(self.start, self.start + self.s, device=device)
+            k_slot = torch.arange(self.k_len, device=device)
+            allowed = (k_slot[None, :] <= q_slot[:, None])[None, None]
+        if self.q_doc is not None:
+            same = (self.q_doc[:, :, None] == self.k_doc[:, None, :])[:, None]
+            allowed = same if allowed is None else allowed & same
+        if padding and self.key_padding_mask is not None:
+            keep = ~self.key_padding_mask[:, None, None, :]
+            allowed = keep if allowed is None else allowed & keep
+        return allowed
+
+    def has_key(self) -> torch.Tensor | None:
+        """Bool ``[b, 1, s, 1]``: whether each query has a key left; None if all have.
+
+        Only padding can take every key from a query: causally a query sees itself,
+        and it is in its own document.
+        """
+        if self.key_padding_mask is None:
+            return None
+        return self.allowed().any(dim=-1, keepdim=True)
+
+
+def _zero_empty_rows(out: torch.Tensor, has_key: torch.Tensor | None) -> torch.Tensor:
+    # A query with no allowed key gets zeros (never NaN, never a uniform average).
+    if has_key is None:
+        return out
+    return torch.where(has_key, out, torch.zeros((), dtype=out.dtype, device=out.device))
+
+
+def _gqa_kwargs(q: torch.Tensor, k: torch.Tensor) -> dict:
+    return {"enable_gqa": True} if q.shape[1] != k.shape[1] else {}
+
+
+# --------------------------------------------------------------------------- caches
+_tables: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_block_masks: OrderedDict = OrderedDict()
+
+
+def _state(encoding: PositionEncoding) -> tuple:
+    # Changes when a tensor of the encoding is replaced (.to(), a new cache) or
+    # modified in place (its version counter), so a stale table is never served.
+    return tuple((t.data_ptr(), t._version) for t in encoding.buffers()) + tuple(
+        (t.data_ptr(), t._version) for t in encoding.parameters()
+    )
+
+
+def _lookup(encoding: PositionEncoding, key: tuple, size: int, build):
+    entries = _tables.setdefault(encoding, OrderedDict())
+    key = (*key, _state(encoding))
+    table = entries.get(key)
+    if table is None or table.shape[-1] < size:
+        table = build()
+        if table is None:
+            return None
+        entries[key] = table
+    entries.move_to_end(key)
+    while len(entries) > MAX_CACHED_TABLES:
+        entries.popitem(last=False)
+    return table
+
+
+def _table_size(n: int) -> int:
+    return max(128, 1 << (max(n, 1) - 1).bit_length())
+
+
+def cached_bias(
+    encoding: PositionEncoding,
+    q_start: int,
+    q_len: int,
+    k_len: int,
+    *,
+    causal: bool,
+    device,
+    dtype: torch.dtype = torch.float32,
+) -> torch.Tensor | None:
+    """The encoding's bias as a 4-D additive mask ``(1, H, q_len, k_len)``, cached.
+
+    Queries at positions ``q_start..q_start+q_len-1``, keys at ``0..k_len-1``; with
+    ``causal`` the future keys hold ``-inf``. One square table per (encoding, device,
+    dtype, causal) is built for the longest length seen (rounded up to a power of
+    two) and sliced, so the ``L x L`` bias is built once per length, not per call. A
+    learnable bias (``static_bias = False``) is rebuilt on every call. ``None`` if the
+    encoding has no bias.
+    """
+    device = torch.device(device)
+    n = max(q_start + q_len, k_len)
+
+    def build(size=None):
+        size = _table_size(n) if size is None else size
+        pos = torch.arange(size, device=device)
+        return _masked_bias(encoding, pos, pos, causal, dtype)
+
+    if not encoding.static_bias:
+        bias = _masked_bias(encoding, torch.arange(q_start, q_start + q_len, device=device),
+                            torch.arange(k_len, device=device), causal, dtype)
+        return bias
+    table = _lookup(encoding, ("bias", device, dtype, causal), n, build)
+    return None if table is None else table[:, :, q_start : q_start + q_len, :k_len]
+
+
+def _masked_bias(encoding, q_pos, k_pos, causal, dtype):
+    # A static bias is a cached constant: never record a graph for it.
+    with torch.set_grad_enabled(torch.is_grad_enabled() and not encoding.static_bias):
+        bias = encoding.bias(q_pos, k_pos)
+        if bias is None:
+            return None
+        bias = _as_4d(bias).expand(-1, -1, q_pos.numel(), -1)
+        if causal:
+            future = k_pos[None, :] > q_pos[:, None]
+            bias = bias.masked_fill(future, float("-inf"))
+    return _to_mask_dtype(bias, dtype)
+
+
+def _to_mask_dtype(bias: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Cast a float32 bias to ``dtype``; to 16 bits only after a shift per row.
+
+    Softmax is shift invariant along a row, so subtracting each row's largest value
+    changes nothing but the rounding: the keys that carry weight sit near 0, where
+    16-bit floats are fine (``m j`` itself, at ``j`` = 30000, is not: bf16 keeps 8 bits).
+    """
+    if bias.dtype == dtype:
+        return bias
+    if dtype not in (torch.float32, torch.float64) and bias.dim():
+        bias = bias - bias.detach().amax(dim=-1, keepdim=True).clamp_min(-1e30)
+    return bias.to(dtype)
+
+
+def cached_key_row(encoding: PositionEncoding, k_len: int, *, device) -> torch.Tensor | None:
+    """The encoding's ``key_bias`` for keys ``0..k_len-1`` as ``(1, H, 1, k_len)``, cached.
+
+    Float32 whatever the dtype of q and k (float64 for float64 slopes): the row holds
+    ``m_h j``, which grows with ``j``; rounded to bfloat16 it would lose the small
+    differences between neighbouring keys. ``H`` floats per position, not ``H L`` as
+    for :func:`cached_bias`. A learnable bias is rebuilt on every call. ``None`` if
+    the encoding has no key-only form.
+    """
+    device = torch.device(device)
+    if not encoding.static_bias:
+        row = encoding.key_bias(torch.arange(k_len, device=device))
+        return None if row is None else _as_4d(row)
+
+    def build():
+        with torch.no_grad():
+            row = encoding.key_bias(torch.arange(_table_size(k_len), device=device))
+        return None if row is None else _as_4d(row)
+
+    row = _lookup(encoding, ("row", device), k_len, build)
+    return None if row is None else row[..., :k_len]
+
+
+def cached_tensors(encoding: PositionEncoding) -> list[torch.Tensor]:
+    """The bias tables and key rows held for ``encoding`` (to count memory)."""
+    return list(_tables.get(encoding, {}).values())
+
+
+def clear_caches(encoding: PositionEncoding | None = None) -> None:
+    """Drop the cached tables of one encoding, or every cache of this module."""
+    if encoding is None:
+        _tables.clear()
+        _block_masks.clear()
+    else:
+        _tables.pop(encoding, None)
+
+
+def _as_4d(bias: torch.Tensor) -> torch.Tensor:
+    return bias.unsqueeze(0) if bias.dim() == 3 else bias
+
+
+def _plan_bias(encoding: PositionEncoding, plan: AttentionPlan) -> torch.Tensor | None:
+    """The bias hook on the plan's positions, 4-D ``(1 or b, H, s, L_k)``, or None."""
+    if plan.default_positions:  # 1-D positions: (H, s, L_k), as the chapters show it
+        bias = encoding.bias(plan.q_pos[0], plan.k_pos[0])
+    else:
+        bias = encoding.bias(plan.q_pos, plan.k_pos)
+    return None if bias is None else _as_4d(bias)
+
+
+# --------------------------------------------------------------------------- naive
+def naive(q, k, v, plan: AttentionPlan, encoding: PositionEncoding, *, dropout_p: float = 0.0):
+    """Scores, softmax, weighted sum, in at least float32. Returns ``(out, weights)``."""
+    rep = q.shape[1] // k.shape[1]
+    if rep > 1:
+        k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
+    # at least float32 (half inputs are upcast); float64 stays float64 (gradcheck)
+    dt = torch.promote_types(q.dtype, torch.float32)
+    scores = (q.to(dt) @ k.to(dt).transpose(-2, -1)) / math.sqrt(q.shape[-1])
+    bias = _plan_bias(encoding, plan)
+    if bias is not None:
+        scores = scores + bias
+    allowed = plan.allowed()
+    if allowed is not None:
+        # A finite fill (not -inf) keeps fully masked rows NaN-free; they are zeroed below.
+        scores = scores.masked_fill(~allowed, torch.finfo(scores.dtype).min)
+    weights = _zero_empty_rows(scores.softmax(dim=-1), plan.has_key())
+    if dropout_p:
+        weights = F.dropout(weights, dropout_p)
+    return (weights @ v.to(dt)).to(q.dtype), weights
+
+
+# --------------------------------------------------------------------------- sdpa
+#: Device types whose SDPA takes a float32 mask with 16-bit q, and uses it in float32.
+_FLOAT32_MASK_DEVICES = {"cpu"}
+
+
+def _mask_dtype(q: torch.Tensor) -> torch.dtype:
+    if q.dtype in (torch.float32, torch.float64) or q.device.type not in _FLOAT32_MASK_DEVICES:
+        return q.dtype
+    return torch.float32
+
+
+def sdpa(q, k, v, plan: AttentionPlan, encoding: PositionEncoding, *, dropout_p: float = 0.0):
+    """``scaled_dot_product_attention`` with the plan as a 4-D mask (or ``is_causal``)."""
+    kw = _gqa_kwargs(q, k)
+    hard = plan.causal or plan.has_documents  # -inf: a query always keeps one key
+    if plan.default_positions and encoding.static_bias:
+        bias = cached_bias(encoding, plan.start, plan.s, plan.k_len, causal=plan.causal,
+                           device=q.device, dtype=_mask_dtype(q))
+        causal_applied = bias is not None
+    else:
+        bias, causal_applied = _plan_bias(encoding, plan), False
+    if bias is None and plan.key_padding_mask is None and not plan.has_documents:
+        if not plan.causal or plan.s == 1:
+            mask, is_causal = None, False  # one new token sees every cached key
+        elif plan.whole_sequence:
+            mask, is_causal = None, True  # the fused causal kernel: nothing L x L built
+        else:
+            mask, is_causal = plan.allowed(), False
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p,
+                                              is_causal=is_causal, **kw)
+    dtype = _mask_dtype(q)
+    if bias is None:
+        bias = torch.zeros((), dtype=dtype, device=q.device)
+    if hard and not (causal_applied and not plan.has_documents):
+        allowed = plan.allowed(padding=False)
+        bias = torch.where(allowed, bias, torch.tensor(float("-inf"), dtype=bias.dtype,
+                                                       device=q.device))
+    bias = _to_mask_dtype(bias, dtype)
+    if plan.key_padding_mask is not None:
+        # finite (not -inf) for padding, so a row with no key left stays NaN-free
+        pad = torch.zeros(plan.key_padding_mask.shape, dtype=dtype, device=q.device)
+        pad = pad.masked_fill(plan.key_padding_mask, torch.finfo(dtype).min)
+        bias = bias + pad[:, None, None, :]
+    if bias.dim() < 4:
+        bias = bias.expand(1, 1, plan.s, plan.k_len)
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=bias, dropout_p=dropout_p,
+                                         is_causal=False, **kw)
+    return _zero_empty_rows(out, plan.has_key())
+
+
+# --------------------------------------------------------------------------- auto
+_key_row_ok: dict = {}
+
+
+def key_row_supported(device: torch.device, dtype: torch.dtype, gqa: bool) -> bool:
+    """Does SDPA add a float key row *and* apply ``is_causal`` here, exactly? (cached).
+
+    The ``"auto"`` path relies on it, and the PyTorch documentation does not
+    promise it (its math path refuses a mask with ``is_causal=True``; a kernel
+    could also round the float32 row to the dtype of q, which would destroy
+    ``m j`` at large ``j``). So it is checked once per (device type, dtype, GQA)
+    on a tiny problem whose keys sit at positions 4096+ (a row rounded to
+    bfloat16 fails there): forward and gradients against a float64 reference.
+    """
+    key = (torch.device(device).type, dtype, gqa)
+    if key in _key_row_ok:
+        return _key_row_ok[key]
+    if torch.compiler.is_compiling():
+        return False  # never probe while tracing; the next eager call will
+    _key_row_ok[key] = ok = _probe_key_row(torch.device(device), dtype, gqa)
+    return ok
+
+
+def _probe_key_row(device, dtype, gqa) -> bool:
+    heads, kv_heads, length, dim, offset = 2, 1 if gqa else 2, 16, 8, 4096
+    gen = torch.Generator().manual_seed(0)
+    q = torch.randn(1, heads, length, dim, generator=gen)
+    k, v = (torch.randn(1, kv_heads, length, dim, generator=gen) for _ in range(2))
+    grad_out = torch.randn(1, heads, length, dim, generator=gen)
+    slopes = torch.tensor([0.5, 1 / 16])
+    row_dtype = torch.float64 if dtype == torch.float64 else torch.float32
+    row = (slopes[:, None, None] * torch.arange(offset, offset + length).double())[None]
+
+    def run(tensors, mask, fused):
+        q_, k_, v_ = (t.detach().requires_grad_(True) for t in tensors)
+        if fused:
+            kw = {"enable_gqa": True} if gqa else {}
+            out = F.scaled_dot_product_attention(q_, k_, v_, attn_mask=mask, is_causal=True, **kw)
+        else:
+            rep = heads // kv_heads
+            kk, vv = k_.repeat_interleave(rep, 1), v_.repeat_interleave(rep, 1)
+            scores = q_ @ kk.transpose(-2, -1) / math.sqrt(dim) + mask
+            future = torch.ones(length, length, dtype=torch.bool, device=q_.device).triu(1)
+            out = scores.masked_fill(future, float("-inf")).softmax(-1) @ vv
+        grads = torch.autograd.grad(out, (q_, k_, v_), grad_out.to(out))
+        return [out, *grads]
+
+    try:
+        with torch.enable_grad():
+            got = run([t.to(device, dtype) for t in (q, k, v)],
+                      row.to(device, row_dtype), fused=True)
+            want = run([t.to(device, dtype).double() for t in (q, k, v)],
+                       row.to(device), fused=False)
+    except RuntimeError:  # e.g. "attn_mask should not be set when is_causal=True"
+        return False
+    # float32 rounds m j ~ 2048 to ~1e-4; a row rounded to 16 bits is off by ~1 or more
+    tol = 1e-3 if dtype in (torch.float32, torch.float64) else 5e-2
+    return all(
+        float((g.detach().double() - w.detach()).abs().max())
+        <= tol * max(1.0, float(w.detach().abs().max()))
+        for g, w in zip(got, want, strict=True)
+    )
+
+
+def auto_key_row(q, k, plan: AttentionPlan, encoding: PositionEncoding, *, dropout_p: float):
+    """The float key row ``(1 or b, H, 1, L_k)`` for the ``"auto"`` path, or None (use sdpa)."""
+    if dropout_p or plan.has_documents:
+        return None
+    # is_causal aligns the mask top-left (query i sees keys <= i): right for a whole
+    # sequence, and a single new token sees every cached key anyway.
+    if plan.causal and plan.s > 1 and not plan.whole_sequence:
+        return None
+    if plan.default_positions:
+        row = cached_key_row(encoding, plan.k_len, device=q.device)
+    else:
+        row = encoding.key_bias(plan.k_pos)
+        row = None if row is None else _as_4d(row)
+    if row is None or (row.requires_grad and torch.is_grad_enabled()):
+        return None  # no key-only form, or a learnable bias (fused kernels give no mask grad)
+    if not key_row_supported(q.device, q.dtype, q.shape[1] != k.shape[1]):
+        return None
+    return row
+
+
+def key_row(q, k, v, plan: AttentionPlan, row: torch.Tensor):
+    """SDPA's fused kernel with ``is_causal`` and a float key row (see :func:`auto_key_row`)."""
+    is_causal = plan.causal and plan.s > 1
+    mask = row.to(torch.float64 if q.dtype == torch.float64 else torch.float32)
+    has_key = None
+    if plan.key_padding_mask is not None:
+        # padding depends on the key only, so the mask stays one row per head:
+        # (b, H, 1, L_k); finite, so a query with no key left stays NaN-free
+        pad = plan.key_padding_mask
+        pad_bias = torch.zeros(pad.shape, dtype=mask.dtype, device=q.device)
+        mask = mask + pad_bias.masked_fill(pad, torch.finfo(mask.dtype).min)[:, None, None, :]
+        keep = ~pad
+        # query i has a key iff a kept key j <= i (causal) or any kept key
+        has_key = keep.cumsum(-1) > 0 if is_causal else keep.any(-1, keepdim=True)
+        has_key = has_key[:, None, :, None]  # (b, 1, s or 1, 1)
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal,
+                                         **_gqa_kwargs(q, k))
+    return _zero_empty_rows(out, has_key)
+
+
+# --------------------------------------------------------------------------- flex
+_compiled_flex: dict = {}  # dynamic (bool) -> compiled flex_attention
+
+
+def flex_available() -> tuple[bool, str]:
+    """Whether FlexAttention can be imported here, and why not if it cannot."""
+    if flex_attention is None:
+        return False, f"torch.nn.attention.flex_attention is unavailable ({_FLEX_IMPORT_ERROR})"
+    return True, ""
+
+
+def flex_blocker(q, k, v, plan: AttentionPlan, encoding: PositionEncoding, *,
+                 dropout_p: float) -> str:
+    """Why FlexAttention cannot run this call here (``""`` if it can)."""
+    ok, why = flex_available()
+    if not ok:
+        return why
+    if plan.s == 1:
+        return "single-token decoding step (the cached bias row is cheaper)"
+    if dropout_p:
+        return "attention dropout is not supported by FlexAttention"
+    if q.device.type == "cpu":
+        # torch refuses inputs that require grad on CPU, whatever the grad mode
+        learnable = torch.is_grad_enabled() and any(
+            p.requires_grad for p in encoding.parameters()
+        )
+        if q.requires_grad or k.requires_grad or v.requires_grad or learnable:
+            return "FlexAttention has no CPU backward in this torch (use torch.no_grad())"
+    return ""
+
+
+def _flex_fn(compiled: bool, dynamic: bool = False):
+    """``flex_attention``, eager or compiled (once per process and ``dynamic``).
+
+    ``dynamic=True`` serves the common call (a whole causal sequence, no padding):
+    with static shapes every new length recompiles (~10 s each on a 2-core CPU)
+    and after 8 lengths dynamo gives up and runs FlexAttention eagerly,
+    materialising the scores. Other calls compile statically, once per shape: in
+    torch 2.13 inductor's CPU FlexAttention template fails to build some of them
+    with dynamic shapes (undeclared ``cur_qSplitSize`` in the generated C++).
+    """
+    if not compiled:
+        return flex_attention
+    fn = _compiled_flex.get(dynamic)
+    if fn is None:
+        fn = _compiled_flex[dynamic] = torch.compile(flex_attention, dynamic=dynamic)
+    return fn
+
+
+def _causal_mask_mod(b, h, q_idx, kv_idx):
+    # A plain function, not a closure over `start`: under dynamic shapes an int
+    # captured by a mask_mod becomes symbolic, which the CPU template cannot build.
+    return kv_idx <= q_idx
+
+
+def _offset_causal_mask_mod(start: int):
+    def mask_mod(b, h, q_idx, kv_idx):
+        return kv_idx <= q_idx + start
+
+    return mask_mod
+
+
+def _plan_mask_mod(plan: AttentionPlan, batch: int):
+    start, causal = plan.start, plan.causal
+    pad = plan.key_padding_mask
+    q_doc = k_doc = None
+    if plan.has_documents:
+        q_doc = plan.q_doc.expand(batch, -1).contiguous()
+        k_doc = plan.k_doc.expand(batch, -1).contiguous()
+
+    def mask_mod(b, h, q_idx, kv_idx):
+        keep = kv_idx >= 0
+        if causal:
+            keep = keep & (kv_idx <= q_idx + start)
+        if pad is not None:
+            keep = keep & ~pad[b, kv_idx]
+        if q_doc is not None:
+            keep = keep & (q_doc[b, q_idx] == k_doc[b, kv_idx])
+        return keep
+
+    return mask_mod
+
+
+def _mark_block_mask_dynamic(block_mask) -> None:
+    # The block counts and indices grow with L / 128; unmarked, the first compile
+    # specialises on their sizes and the next block count recompiles once more.
+    for t in block_mask.as_tuple():
+        if isinstance(t, torch.Tensor):
+            for dim in range(2, t.dim()):
+                torch._dynamo.maybe_mark_dynamic(t, dim)
+
+
+def _block_mask(plan: AttentionPlan, batch: int, device, mark_dynamic: bool):
+    if plan.key_padding_mask is not None or plan.has_documents:  # data-dependent: per call
+        return create_block_mask(_plan_mask_mod(plan, batch), batch, None, plan.s, plan.k_len,
+                                 device=device)
+    if not plan.causal:
+        return None
+    key = (plan.s, plan.k_len, plan.start, torch.device(device), mark_dynamic)
+    block_mask = _block_masks.get(key)
+    if block_mask is None:
+        mask_mod = _causal_mask_mod if plan.start == 0 else _offset_causal_mask_mod(plan.start)
+        block_mask = create_block_mask(mask_mod, None, None, plan.s, plan.k_len, device=device)
+        if mark_dynamic:
+            _mark_block_mask_dynamic(block_mask)
+        _block_masks[key] = block_mask
+    _block_masks.move_to_end(key)
+    while len(_block_masks) > MAX_BLOCK_MASKS:
+        _block_masks.popitem(last=False)
+    return block_mask
+
+
+def flex(q, k, v, plan: AttentionPlan, encoding: PositionEncoding, *, compile: bool = True):
+    """FlexAttention: the encoding's ``score_mod`` and the plan's block mask."""
+    batch = q.shape[0]
+    if plan.default_positions:
+        score_mod = encoding.score_mod(q_offset=plan.start)
+    else:
+        score_mod = encoding.score_mod(0, plan.q_pos.expand(batch, -1).contiguous(),
+                                       plan.k_pos.expand(batch, -1).contiguous())
+    plain = (plan.causal and plan.start == 0 and plan.key_padding_mask is None
+             and not plan.has_documents)
+    # below one tile the compiled CPU kernel is wrong on AVX2 (module docs): run eagerly
+    eager = not compile or (q.device.type == "cpu" and min(plan.s, plan.k_len) < FLEX_TILE)
+    block_mask = _block_mask(plan, batch, q.device, mark_dynamic=plain and not eager)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="flex_attention called without torch.compile")
+        out = _flex_fn(not eager, plain)(
+            q, k, v, score_mod=score_mod, block_mask=block_mask, **_gqa_kwargs(q, k)
+        )
+    return _zero_empty_rows(out, plan.has_key())
