@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from tutorial_pkg import attention
+from tutorial_pkg import attention, backends
 from tutorial_pkg.attention import KVCache, MultiHeadAttention, TransformerBlock
 from tutorial_pkg.encodings import ALiBi, Hybrid, make_encoding
 
@@ -24,7 +24,7 @@ ENCODINGS = [
     "nope", "sinusoidal", "learned", "rope", "alibi", "hybrid", "hybrid_alpha",
     "hybrid_learnable",
 ]
-HAS_FLEX = attention.flex_available()[0]
+HAS_FLEX = backends.flex_available()[0]
 # Set TUTORIAL_PKG_SKIP_SLOW=1 to skip the torch.compile test (inductor codegen, ~5-15 s).
 slow = pytest.mark.skipif(os.environ.get("TUTORIAL_PKG_SKIP_SLOW") == "1",
                           reason="TUTORIAL_PKG_SKIP_SLOW=1")
@@ -121,10 +121,33 @@ def test_flex_equals_naive(key, causal, use_pad, gqa):
     compare_backend(key, "flex", causal, use_pad, gqa)
 
 
+@slow
 @needs_flex
-def test_compiled_flex_equals_naive():
-    # the default fast path (compile_flex=True), one small shape only: compiling is slow
-    compare_backend("alibi", "flex", causal=True, use_pad=False, gqa=False, compile_flex=True)
+def test_compiled_flex_equals_naive_below_and_above_one_tile(monkeypatch):
+    # torch 2.13's compiled CPU Flex kernel is wrong at 8 tokens on AVX2 (0.6-3.9 max error,
+    # NaN with static shapes) for q/k/v that are views of the projections, as attention
+    # passes them. simdlen=256 makes inductor generate AVX2 code on any x86 CPU, so this
+    # fails here with the old always-compiled path; below one tile Flex now runs eagerly.
+    import torch._inductor.config as inductor_config
+
+    torch._dynamo.reset()
+    monkeypatch.setattr(backends, "_compiled_flex", {})
+    try:
+        with inductor_config.patch({"cpp.simdlen": 256}):
+            for key, length in (("alibi", 8), ("nope", 8), ("alibi", 136)):
+                torch.manual_seed(0)
+                model = Tiny(key, "naive", compile_flex=True)
+                x = inputs(1, s=length)
+                with torch.no_grad():
+                    expected = model(x)
+                    model.attn.backend = "flex"
+                    with mock.patch.object(attention, "_warn_once", side_effect=AssertionError):
+                        got = model(x)
+                assert torch.isfinite(got).all(), (key, length)
+                torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-5)
+        assert True in backends._compiled_flex  # 136 tokens took the compiled dynamic path
+    finally:
+        torch._dynamo.reset()
 
 
 @needs_flex
@@ -260,8 +283,9 @@ def test_kv_cache_update_and_reset():
     assert cache.length == 0
     k = torch.zeros(1, 2, 3, 4)
     cache.update(k, k, torch.arange(3))
-    all_k, _, pos = cache.update(k[:, :, :1], k[:, :, :1], torch.tensor([3]))
-    assert all_k.shape == (1, 2, 4, 4) and pos.tolist() == [0, 1, 2, 3]
+    all_k, _, pos, docs = cache.update(k[:, :, :1], k[:, :, :1], torch.tensor([3]))
+    assert all_k.shape == (1, 2, 4, 4) and pos.tolist() == [[0, 1, 2, 3]] and docs is None
+    assert not cache.default_positions  # explicit positions: no cached tables
     with pytest.raises(ValueError, match="kv_cache"):
         cache.update(torch.zeros(1, 3, 1, 4), torch.zeros(1, 3, 1, 4), torch.tensor([4]))
     cache.reset()
@@ -361,7 +385,7 @@ def test_auto_backend_equals_naive_with_padding_and_gradients(key, causal, gqa):
 def test_auto_adds_a_key_row_to_the_fused_causal_kernel(monkeypatch):
     enc = build_encoding("alibi")
     layer = MultiHeadAttention(D_MODEL, N_HEADS, enc)
-    assert attention._check_key_row(torch.device("cpu"), torch.float32, False)  # probe first
+    assert backends.key_row_supported(torch.device("cpu"), torch.float32, False)  # probe first
     seen = []
     real = F.scaled_dot_product_attention
 
@@ -369,7 +393,7 @@ def test_auto_adds_a_key_row_to_the_fused_causal_kernel(monkeypatch):
         seen.append((None if attn_mask is None else tuple(attn_mask.shape), is_causal))
         return real(q, k, v, attn_mask=attn_mask, is_causal=is_causal, **kw)
 
-    monkeypatch.setattr(attention.F, "scaled_dot_product_attention", recording)
+    monkeypatch.setattr(backends.F, "scaled_dot_product_attention", recording)
     x = torch.randn(2, 300, D_MODEL)
     with torch.no_grad():
         layer(x)
@@ -380,8 +404,9 @@ def test_auto_adds_a_key_row_to_the_fused_causal_kernel(monkeypatch):
     assert seen == [((1, N_HEADS, 1, 300), True), ((1, N_HEADS, 1, 5), True),
                     ((1, N_HEADS, 1, 6), False), ((1, N_HEADS, 3, 9), False)]
     # only the offset chunk built a (small) 4-D table; the 300-token calls hold a row
-    assert all(t.shape[-1] == 128 for t in enc._bias_cache.values())
-    (row,) = enc._row_cache.values()
+    tables = [t for t in backends.cached_tensors(enc) if t.shape[-2] > 1]
+    (row,) = [t for t in backends.cached_tensors(enc) if t.shape[-2] == 1]
+    assert all(t.shape[-1] == 128 for t in tables) and len(tables) == 1
     assert row.shape == (1, N_HEADS, 1, 512) and row.dtype == torch.float32
 
 
@@ -406,10 +431,10 @@ def test_auto_key_row_check_rejects_a_kernel_that_rounds_the_row(monkeypatch):
             attn_mask = attn_mask.to(torch.bfloat16).to(attn_mask.dtype)
         return real(q, k, v, attn_mask=attn_mask, **kw)
 
-    monkeypatch.setattr(attention.F, "scaled_dot_product_attention", rounding)
-    assert not attention._probe_key_row(torch.device("cpu"), torch.bfloat16, False)
-    monkeypatch.setattr(attention.F, "scaled_dot_product_attention", real)
-    assert attention._probe_key_row(torch.device("cpu"), torch.float32, False)
+    monkeypatch.setattr(backends.F, "scaled_dot_product_attention", rounding)
+    assert not backends._probe_key_row(torch.device("cpu"), torch.bfloat16, False)
+    monkeypatch.setattr(backends.F, "scaled_dot_product_attention", real)
+    assert backends._probe_key_row(torch.device("cpu"), torch.float32, False)
 
 
 def test_attend_is_forward_without_the_projections():

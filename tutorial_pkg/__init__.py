@@ -10,6 +10,8 @@ module             chapter
 ``alibi``          3. ALiBi
 ``encodings``      4. Attention layers (the interface) and 6. Hybrid
 ``attention``      4. Attention layers
+``backends``       4. Attention layers (the plan and the four backends) and 5. Benchmarking
+``positions``      4. Attention layers (left padding, packed documents)
 ``benchmark``      5. Benchmarking
 ``data``           7. Length extrapolation (corpus)
 ``model``          7. Length extrapolation (tiny LM)
@@ -18,6 +20,7 @@ module             chapter
 =================  ==============================================================
 """
 
+from . import backends
 from .alibi import ALIBI_MODES, alibi_bias, alibi_score_mod, alibi_slopes
 from .attention import BACKENDS, KVCache, MultiHeadAttention, TransformerBlock, flex_available
 from .encodings import (
@@ -46,6 +49,7 @@ from .rope import (
     rotate_half,
     scaled_inv_freq,
 )
+from .positions import positions_from_documents, positions_from_padding
 from .sinusoidal import SinusoidalPositionalEmbedding, sinusoidal_frequencies, sinusoidal_table
 
 
@@ -102,4 +106,9 @@ __all__ = [
     "KVCache",
     "MultiHeadAttention",
     "TransformerBlock",
+    # positions
+    "positions_from_padding",
+    "positions_from_documents",
+    # the backends module (tutorial_pkg.backends)
+    "backends",
 ]
