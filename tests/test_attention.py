@@ -448,3 +448,103 @@ def test_attend_is_forward_without_the_projections():
     torch.testing.assert_close(layer.out_proj(heads.transpose(1, 2).reshape(2, 7, -1)), layer(x))
     with pytest.raises(ValueError, match="k must have shape"):
         layer.attend(q, q, v)
+
+
+# --------------------------------------------------------------------------- #
+# Precision, grad mode, compile, meta device, host synchronisation
+# --------------------------------------------------------------------------- #
+@pytest.mark.parametrize("backend", ["sdpa", "auto", pytest.param("flex", marks=needs_flex)])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_key_only_alibi_in_half_precision_at_large_positions(backend, dtype):
+    # m j at j ~ 30000 does not survive a cast to 16 bits (bf16 keeps 8 bits: error ~2 on
+    # the bias); the bias must stay float32 or be shifted per row before rounding.
+    torch.manual_seed(0)
+    enc = ALiBi(N_HEADS, mode="key_only")
+    layer = MultiHeadAttention(D_MODEL, N_HEADS, enc, backend=backend)
+    reference = MultiHeadAttention(D_MODEL, N_HEADS, enc, backend="naive")
+    gen = torch.Generator().manual_seed(1)
+    q, k, v = (torch.randn(1, N_HEADS, 256, D_MODEL // N_HEADS, generator=gen) for _ in range(3))
+    positions = torch.arange(30000, 30256)
+    with torch.no_grad():
+        want = reference.attend(q.double(), k.double(), v.double(), positions=positions)
+        got = layer.attend(q.to(dtype), k.to(dtype), v.to(dtype), positions=positions)
+    torch.testing.assert_close(got.double(), want, rtol=0, atol=3e-2)
+
+
+def test_sdpa_shifts_a_16_bit_bias_per_row_where_the_kernel_wants_q_dtype(monkeypatch):
+    # the path of devices whose SDPA wants the mask in q's dtype (CUDA half), on CPU
+    monkeypatch.setattr(backends, "_FLOAT32_MASK_DEVICES", set())
+    seen = []
+    real = F.scaled_dot_product_attention
+
+    def recording(q, k, v, attn_mask=None, **kw):
+        seen.append(attn_mask.dtype)
+        return real(q, k, v, attn_mask=attn_mask, **kw)
+
+    monkeypatch.setattr(backends.F, "scaled_dot_product_attention", recording)
+    test_key_only_alibi_in_half_precision_at_large_positions("sdpa", torch.bfloat16)
+    assert seen == [torch.bfloat16]
+
+
+@needs_flex
+def test_flex_under_no_grad_with_inputs_that_require_grad(monkeypatch):
+    # torch refuses CPU Flex for inputs that require grad whatever the grad mode
+    monkeypatch.setattr(attention, "_warned", set())
+    torch.manual_seed(0)
+    layer = MultiHeadAttention(D_MODEL, N_HEADS, ALiBi(N_HEADS), backend="flex",
+                               compile_flex=False)
+    q, k, v = (torch.randn(1, N_HEADS, SEQ, D_MODEL // N_HEADS, requires_grad=True)
+               for _ in range(3))
+    with torch.no_grad(), pytest.warns(RuntimeWarning, match="no CPU backward"):
+        got = layer.attend(q, k, v)
+    layer.backend = "naive"
+    with torch.no_grad():
+        torch.testing.assert_close(got, layer.attend(q, k, v), rtol=1e-4, atol=1e-5)
+
+
+@slow
+def test_torch_compile_of_a_block_on_the_auto_backend():
+    torch.manual_seed(0)
+    block = TransformerBlock(16, 2, make_encoding("hybrid", d_model=16, n_heads=2)).eval()
+    assert block.attn.backend == "auto"
+    x = inputs(11, s=6, d=16)
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        expected = block(x)
+        got = torch.compile(block)(x)
+    torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("key", ENCODINGS)
+def test_modules_build_on_the_meta_device(key):
+    # as torchtune does for large models: build without memory, then materialise
+    from tutorial_pkg.model import TinyLM
+
+    with torch.device("meta"):
+        enc = build_encoding(key)
+        block = TransformerBlock(D_MODEL, N_HEADS, enc, n_kv_heads=N_KV)
+        model = TinyLM(key if key in ("nope", "rope", "alibi", "hybrid", "sinusoidal")
+                       else "learned", d_model=D_MODEL, n_heads=N_HEADS, n_layers=1, max_len=64)
+    assert all(p.is_meta for p in block.parameters()) and all(p.is_meta for p in model.parameters())
+    out = block(torch.empty(2, SEQ, D_MODEL, device="meta"))
+    assert out.is_meta and out.shape == (2, SEQ, D_MODEL)
+
+
+@pytest.mark.parametrize("backend", ["naive", "sdpa", "auto"])
+@pytest.mark.parametrize("key", ["rope", "alibi", "hybrid"])
+def test_default_positions_read_nothing_back_from_the_device(key, backend, monkeypatch):
+    # with default positions (and a KV cache) no tensor value is read on the host: no
+    # int(), item(), bool() or tolist() of a tensor, each a device synchronisation on GPU
+    model = Stack(key, backend).eval()
+    x = inputs(12)
+    with torch.no_grad():
+        model(x)  # first call: caches are built and the key-row check runs
+
+    def refuse(*args):
+        raise AssertionError("a tensor value was read on the host")
+
+    for name in ("__int__", "__bool__", "__float__", "__index__", "item", "tolist"):
+        monkeypatch.setattr(torch.Tensor, name, refuse)
+    with torch.no_grad():
+        model(x)
+        decode(model, x, [5, 1, 1, 1])

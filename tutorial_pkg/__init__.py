@@ -34,6 +34,7 @@ from .encodings import (
     Sinusoidal,
     make_encoding,
 )
+from .positions import positions_from_documents, positions_from_padding
 from .rope import (
     LAYOUTS,
     ROPE_SCALINGS,
@@ -49,7 +50,6 @@ from .rope import (
     rotate_half,
     scaled_inv_freq,
 )
-from .positions import positions_from_documents, positions_from_padding
 from .sinusoidal import SinusoidalPositionalEmbedding, sinusoidal_frequencies, sinusoidal_table
 
 

@@ -71,7 +71,8 @@ class PositionEncoding(nn.Module):
     * ``n_heads``: the head count the encoding was built for (ALiBi slopes);
     * ``head_dim``: the head width it rotates (RoPE);
     * ``max_positions``: positions must be below it (learned tables);
-    * ``supports_scaling``: it has ``set_scaling(rule)`` for RoPE context extension;
+    * ``supports_scaling``: it has ``scaling`` (the current rule, a dict or None) and
+      ``set_scaling(rule)`` for RoPE context extension;
     * ``static_bias``: :meth:`bias` depends on positions only, so attention may cache it
       (``False`` for a learnable bias).
 
@@ -262,6 +263,11 @@ class Rotary(PositionEncoding):
         return self.rope(q, k, q_pos, k_pos,
                          check_positions=self.rope.max_position is not None)
 
+    @property
+    def scaling(self) -> dict | None:
+        """The current RoPE scaling rule (a copy), or None."""
+        return None if self.rope.scaling is None else dict(self.rope.scaling)
+
     def set_scaling(self, scaling: dict | None) -> None:
         """Change the RoPE scaling rule (e.g. at evaluation).
 
@@ -404,6 +410,11 @@ class Hybrid(PositionEncoding):
         if self.mode == "symmetric":
             return None
         return _alibi_bias(self.effective_slopes(), k_pos, k_pos, "key_only")
+
+    @property
+    def scaling(self) -> dict | None:
+        """The current RoPE scaling rule (a copy), or None."""
+        return self.rotary.scaling
 
     def set_scaling(self, scaling: dict | None) -> None:
         """Change the RoPE scaling rule (e.g. at evaluation)."""

@@ -341,11 +341,7 @@ def position_limit(model: TinyLM) -> int | None:
     The learned table knows ``max_len`` positions; a RoPE with ``max_position`` set
     refuses positions past it. Every other encoding accepts any position.
     """
-    enc = model.encoding
-    limits = [getattr(enc, "max_len", None), getattr(getattr(enc, "rope", None),
-                                                      "max_position", None)]
-    limits = [n for n in limits if n is not None]
-    return min(limits) if limits else None
+    return model.encoding.max_positions  # declared by the encoding (None: any position)
 
 
 def scaling_for(scaling: str | None, eval_len: int, train_len: int) -> dict | None:
@@ -366,14 +362,12 @@ def scaling_for(scaling: str | None, eval_len: int, train_len: int) -> dict | No
     return {"type": scaling, "factor": factor}
 
 
-def _rope_of(model: TinyLM):
-    rope = getattr(model.encoding, "rope", None)
-    if rope is None or not hasattr(model.encoding, "set_scaling"):
+def _check_scalable(model: TinyLM) -> None:
+    if not model.encoding.supports_scaling:
         raise ValueError(
             f"scaling applies to encodings with RoPE (rope, hybrid); this model uses "
             f"{getattr(model.encoding, 'name', type(model.encoding).__name__)!r}"
         )
-    return rope
 
 
 @contextmanager
@@ -389,8 +383,8 @@ def scaled_rope(model: TinyLM, scaling: dict | None):
     if scaling is None:
         yield model
         return
-    rope = _rope_of(model)
-    previous = None if rope.scaling is None else dict(rope.scaling)
+    _check_scalable(model)
+    previous = model.encoding.scaling
     model.encoding.set_scaling(scaling)
     try:
         yield model
@@ -485,7 +479,7 @@ def evaluate(
     multiples = tuple(check_positive_int("multiples[i]", m) for m in multiples)
     if scaling is not None:
         check_choice("scaling", scaling, SCALING_TYPES)
-        _rope_of(model)
+        _check_scalable(model)
     check_positive_int("batch_tokens", batch_tokens)
     name = encoding_name or model.encoding.name
     device = next(model.parameters()).device
@@ -597,7 +591,7 @@ def run_extrapolation(
         tail = losses[-max(1, len(losses) // 10):]
         final_loss = sum(tail) / len(tail)
         rules = [None]
-        if hasattr(model.encoding, "set_scaling"):
+        if model.encoding.supports_scaling:
             rules += list(rope_scalings)
         for rule in rules:
             for record in evaluate(

@@ -27,6 +27,7 @@ Shapes: q and k are ``[b, n_h, s, h_d]`` (the layout of
 
 from __future__ import annotations
 
+import inspect
 import math
 import warnings
 from collections.abc import Callable
@@ -196,10 +197,12 @@ def scaled_inv_freq(
         raise TypeError(f"scaling must be None or a dict with a 'type' key, got {scaling!r}")
     params = dict(scaling)
     kind = check_choice("scaling['type']", params.pop("type"), ROPE_SCALINGS)
-    try:
-        return ROPE_SCALINGS[kind](dim, base, device=device, **params)
-    except TypeError as err:  # unknown or missing parameter for this rule
+    rule = ROPE_SCALINGS[kind]
+    try:  # unknown or missing parameter for this rule (a wrong value raises in the rule)
+        inspect.signature(rule).bind(dim, base, device=device, **params)
+    except TypeError as err:
         raise ValueError(f"scaling parameters for {kind!r} are invalid: {err}") from err
+    return rule(dim, base, device=device, **params)
 
 
 def rope_angles(positions, inv_freq: torch.Tensor) -> torch.Tensor:
