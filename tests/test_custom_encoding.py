@@ -146,3 +146,26 @@ def test_a_new_encoding_trains_and_evaluates_in_the_experiments(registered):
                        eval_tokens=cfg.eval_tokens, batch_tokens=cfg.eval_batch_tokens)
     assert [r["encoding"] for r in records] == ["log_distance"] * 2
     assert all(r["ppl_all"] > 1 for r in records)
+
+
+class BiasOnly(LogDistanceBias):
+    """Only the bias hook: Flex cannot apply it, so it must not silently drop it."""
+
+    name = "bias_only"
+    score_mod = PositionEncoding.score_mod
+
+
+@pytest.mark.skipif(not backends.flex_available()[0], reason="FlexAttention unavailable")
+def test_flex_falls_back_for_an_encoding_without_score_mod(monkeypatch):
+    from tutorial_pkg import attention
+
+    monkeypatch.setattr(attention, "_warned", set())
+    torch.manual_seed(0)
+    flex = MultiHeadAttention(32, 4, BiasOnly(4), backend="flex", compile_flex=False)
+    naive = MultiHeadAttention(32, 4, BiasOnly(4), backend="naive")
+    naive.load_state_dict(flex.state_dict())
+    x = torch.randn(2, 7, 32)
+    with torch.no_grad(), pytest.warns(RuntimeWarning, match="no score_mod"):
+        got = flex(x)
+    with torch.no_grad():
+        torch.testing.assert_close(got, naive(x), rtol=1e-4, atol=1e-5)

@@ -191,9 +191,17 @@ _block_masks: OrderedDict = OrderedDict()
 def _state(encoding: PositionEncoding) -> tuple:
     # Changes when a tensor of the encoding is replaced (.to(), a new cache) or
     # modified in place (its version counter), so a stale table is never served.
-    return tuple((t.data_ptr(), t._version) for t in encoding.buffers()) + tuple(
-        (t.data_ptr(), t._version) for t in encoding.parameters()
-    )
+    def token(t: torch.Tensor) -> tuple:
+        try:
+            return (t.data_ptr(), t._version)
+        except RuntimeError:  # inference tensors keep no version counter
+            return (t.data_ptr(), 0)
+
+    return tuple(token(t) for t in (*encoding.buffers(), *encoding.parameters()))
+
+
+def _overrides(encoding: PositionEncoding, hook: str) -> bool:
+    return getattr(type(encoding), hook) is not getattr(PositionEncoding, hook)
 
 
 def _lookup(encoding: PositionEncoding, key: tuple, size: int, build):
@@ -364,7 +372,7 @@ def sdpa(q, k, v, plan: AttentionPlan, encoding: PositionEncoding, *, dropout_p:
     """``scaled_dot_product_attention`` with the plan as a 4-D mask (or ``is_causal``)."""
     kw = _gqa_kwargs(q, k)
     hard = plan.causal or plan.has_documents  # -inf: a query always keeps one key
-    if plan.default_positions and encoding.static_bias:
+    if plan.default_positions and encoding.static_bias and _overrides(encoding, "bias"):
         bias = cached_bias(encoding, plan.start, plan.s, plan.k_len, causal=plan.causal,
                            device=q.device, dtype=_mask_dtype(q))
         causal_applied = bias is not None
@@ -465,7 +473,7 @@ def _probe_key_row(device, dtype, gqa) -> bool:
 
 def auto_key_row(q, k, plan: AttentionPlan, encoding: PositionEncoding, *, dropout_p: float):
     """The float key row ``(1 or b, H, 1, L_k)`` for the ``"auto"`` path, or None (use sdpa)."""
-    if dropout_p or plan.has_documents:
+    if dropout_p or plan.has_documents or not _overrides(encoding, "key_bias"):
         return None
     # is_causal aligns the mask top-left (query i sees keys <= i): right for a whole
     # sequence, and a single new token sees every cached key anyway.
@@ -522,6 +530,8 @@ def flex_blocker(q, k, v, plan: AttentionPlan, encoding: PositionEncoding, *,
         return why
     if plan.s == 1:
         return "single-token decoding step (the cached bias row is cheaper)"
+    if _overrides(encoding, "bias") and not _overrides(encoding, "score_mod"):
+        return f"{type(encoding).__name__} has a bias hook but no score_mod"
     if dropout_p:
         return "attention dropout is not supported by FlexAttention"
     if q.device.type == "cpu":
