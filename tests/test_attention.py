@@ -548,3 +548,15 @@ def test_default_positions_read_nothing_back_from_the_device(key, backend, monke
     with torch.no_grad():
         model(x)
         decode(model, x, [5, 1, 1, 1])
+
+
+@needs_flex
+def test_block_mask_cache_is_bounded(monkeypatch):
+    monkeypatch.setattr(backends, "_block_masks", __import__("collections").OrderedDict())
+    monkeypatch.setattr(backends, "MAX_BLOCK_MASKS", 3)
+    layer = MultiHeadAttention(D_MODEL, N_HEADS, ALiBi(N_HEADS), backend="flex",
+                               compile_flex=False)
+    with torch.no_grad():
+        for length in range(2, 9):
+            layer(inputs(13, b=1, s=length))
+    assert len(backends._block_masks) == 3

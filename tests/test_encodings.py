@@ -243,3 +243,35 @@ def test_bf16_model_keeps_rope_and_alibi_constants_in_float32():
     bias = enc.bias(torch.arange(4), torch.arange(4))
     assert bias.dtype == torch.float32
     torch.testing.assert_close(bias, alibi_bias(N_HEADS, 4), rtol=0, atol=0)
+
+
+def test_encodings_declare_what_attention_reads():
+    # attention and the experiments read these attributes; they never probe internals
+    table = {
+        NoPE(): (None, None, None, False),
+        Sinusoidal(8): (None, None, None, False),
+        Learned(8, 16): (None, None, 16, False),
+        Rotary(8, max_position=32): (None, 8, 32, True),
+        ALiBi(4): (4, None, None, False),
+        Hybrid(8, 4): (4, 8, None, True),
+    }
+    for enc, want in table.items():
+        got = (enc.n_heads, enc.head_dim, enc.max_positions, enc.supports_scaling)
+        assert got == want, type(enc).__name__
+    with pytest.raises(ValueError, match="head_dim"):
+        MultiHeadAttention(32, 4, Rotary(16))  # head_dim 8 here
+    with pytest.raises(ValueError, match="n_heads"):
+        MultiHeadAttention(32, 4, ALiBi(8))
+
+
+def test_hybrid_is_a_rotary_and_an_alibi_composed():
+    enc = Hybrid(HEAD_DIM, N_HEADS, base=500.0, mode="symmetric")
+    assert isinstance(enc.rotary, Rotary) and isinstance(enc.alibi, ALiBi)
+    assert enc.rope is enc.rotary.rope and enc.rope.base == 500.0
+    assert enc.alibi.mode == "symmetric" and enc.slopes is enc.alibi.slopes
+    q, k = randn(1, N_HEADS, 5, HEAD_DIM), randn(1, N_HEADS, 5, HEAD_DIM, seed=1)
+    pos = torch.arange(5)
+    torch.testing.assert_close(enc.rotate(q, k, pos, pos), enc.rotary.rotate(q, k, pos, pos))
+    torch.testing.assert_close(enc.bias(pos, pos), enc.alibi.bias(pos, pos))
+    enc.set_scaling({"type": "linear", "factor": 2.0})
+    assert enc.scaling == {"type": "linear", "factor": 2.0} == enc.rotary.scaling
