@@ -40,6 +40,11 @@ nbval:
 build:
 	$(BIN)/jupyter-book build . -W -n --keep-going --all
 
+## html-check: check the built book (_build/html): its files, then every page in headless
+## Chromium (needs Debian's chromium + chromium-driver); screenshots in _build/screenshots
+html-check:
+	$(BIN)/python -m pytest tests/built_html -q --html-dir _build/html
+
 bench:
 	$(BIN)/python -m tutorial_pkg.benchmark --out benchmark_results.json
 

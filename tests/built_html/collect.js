@@ -188,6 +188,19 @@ function overflowReport() {
   };
 }
 
+// Scripts, styles and fonts the page loads from elsewhere (it must work offline).
+function externalResources() {
+  const local = location.origin;
+  const urls = [
+    ...[...document.querySelectorAll("script[src]")].map((el) => el.src),
+    ...[...document.querySelectorAll("link[href]")]
+      .filter((el) => /stylesheet|preload|icon|modulepreload/.test(el.rel))
+      .map((el) => el.href),
+    ...performance.getEntriesByType("resource").map((entry) => entry.name),
+  ];
+  return [...new Set(urls)].filter((url) => /^https?:/.test(url) && !url.startsWith(local));
+}
+
 function searchFields() {
   return [...document.querySelectorAll(".search-button-field, input[type=search]")]
     .filter(visible)
@@ -206,6 +219,7 @@ settle()
       images: imagesReport(),
       overflow: overflowReport(),
       searchFields: searchFields(),
+      external: externalResources(),
       height: document.documentElement.scrollHeight,
     })
   )

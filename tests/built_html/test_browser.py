@@ -187,6 +187,13 @@ def _assert_none(problems: list[str], what: str) -> None:
 # ------------------------------------------------------------------------------ tests
 
 
+def test_nothing_is_loaded_from_the_network(pages):
+    def check(report, page, width):
+        return [f"loads {url}" for url in report["external"]]
+
+    _assert_none(_failures(pages, check), "scripts, styles or fonts from elsewhere")
+
+
 def test_every_formula_is_typeset(pages):
     def check(report, page, width):
         math = report["math"]

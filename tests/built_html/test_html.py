@@ -106,3 +106,16 @@ def test_api_page_lists_the_public_api(site):
         if not re.search(rf'id="(module-)?[\w.]*\.{name}"', text)  # modules: "module-..."
     ]
     assert not missing, f"api.html does not document: {missing}"
+
+
+def test_api_entries_list_parameters_before_returns(site):
+    text = (site / "book" / "api.html").read_text(encoding="utf-8")
+    wrong = []
+    for entry in re.split(r'<dt class="sig sig-object py" id="', text)[1:]:
+        name = entry.split('"', 1)[0]
+        body = entry.split('<dt class="sig sig-object py"', 1)[0]
+        fields = re.findall(r'<dt class="field-(?:odd|even)">([^<]+)<', body)
+        if "Parameters" in fields and "Returns" in fields:
+            if fields.index("Returns") < fields.index("Parameters"):
+                wrong.append(f"{name}: {fields}")
+    assert not wrong, "Returns listed before Parameters:\n" + "\n".join(wrong)
