@@ -85,7 +85,8 @@ function mathReport(mathjax) {
 // Raw TeX, raw pipe tables, object reprs: visible prose that should have been rendered.
 function rawText() {
   const tex = /\\\(|\\\)|\\\[|\\\]|\$\$|\\begin\{|\\frac\{/;
-  const pipeRow = /\|\s*:?-{3,}:?\s*\|/;
+  // a pipe table's rule row; the typographer may have made "---" an em dash
+  const pipeRow = /\|\s*:?(-{3,}|[\u2013\u2014]+):?\s*\|/;
   const repr = /<(function|class|bound method|built-in function) [^>]*>|\bobject at 0x[0-9a-f]+/;
   const found = { tex: [], pipeTables: [], reprs: [] };
   for (const node of proseNodes(document.body)) {
