@@ -88,7 +88,9 @@ __all__ = [
     "key_row_supported",
     "naive",
     "sdpa",
+    "auto_key_row",
     "key_row",
+    "flex_blocker",
     "flex",
 ]
 
@@ -245,15 +247,14 @@ def cached_bias(
     device = torch.device(device)
     n = max(q_start + q_len, k_len)
 
-    def build(size=None):
-        size = _table_size(n) if size is None else size
-        pos = torch.arange(size, device=device)
+    if not encoding.static_bias:
+        return _masked_bias(encoding, torch.arange(q_start, q_start + q_len, device=device),
+                            torch.arange(k_len, device=device), causal, dtype)
+
+    def build():
+        pos = torch.arange(_table_size(n), device=device)
         return _masked_bias(encoding, pos, pos, causal, dtype)
 
-    if not encoding.static_bias:
-        bias = _masked_bias(encoding, torch.arange(q_start, q_start + q_len, device=device),
-                            torch.arange(k_len, device=device), causal, dtype)
-        return bias
     table = _lookup(encoding, ("bias", device, dtype, causal), n, build)
     return None if table is None else table[:, :, q_start : q_start + q_len, :k_len]
 

@@ -421,7 +421,7 @@ class Hybrid(PositionEncoding):
         self.rotary.set_scaling(scaling)
 
 
-#: The registry of encodings, by name: :func:`make_encoding` looks names up here, so
+#: The registry of encodings, by name. :func:`make_encoding` looks names up here, so
 #: ``ENCODINGS["mine"] = MyEncoding`` makes ``make_encoding("mine", ...)`` and
 #: ``TinyLM("mine")`` build it (its ``build`` classmethod receives the model's sizes).
 ENCODINGS: dict[str, type[PositionEncoding]] = {

@@ -27,10 +27,10 @@ def positions_from_padding(key_padding_mask: torch.Tensor) -> torch.Tensor:
             (the convention of :class:`torch.nn.MultiheadAttention`).
 
     Returns:
-        int64 ``[b, L]``; a real token's position is the number of real tokens
-        before it; padding gets 0 (it is masked anyway). When decoding with a KV
-        cache, the new tokens' positions are the last ``s`` columns of this, computed
-        on the mask of every token so far.
+        The positions (int64, shape ``[b, L]``). A real token's position is the number
+        of real tokens before it; padding gets 0 (it is masked anyway). When decoding
+        with a KV cache, the new tokens' positions are the last ``s`` columns of this,
+        computed on the mask of every token so far.
 
     Example:
         >>> positions_from_padding(torch.tensor([[True, True, False, False, False]]))
@@ -54,7 +54,7 @@ def positions_from_documents(document_ids: torch.Tensor) -> torch.Tensor:
             ids, so documents must be contiguous in the row.
 
     Returns:
-        int64 tensor of the same shape: the index of each token within its document.
+        The index of each token within its document (int64, the shape of ``document_ids``).
 
     Example:
         >>> positions_from_documents(torch.tensor([[0, 0, 0, 1, 1, 2]]))

@@ -276,24 +276,21 @@ def apply_rope(
 def _check_cos_sin(x: torch.Tensor, cos, sin) -> None:
     for name, t in (("cos", cos), ("sin", sin)):
         check_float_tensor(name, t)
-        if t.dim() < 2:
-            raise ValueError(f"{name} must be [s, r/2] (or broadcastable), got {tuple(t.shape)}")
     if cos.shape != sin.shape:
         raise ValueError(f"cos and sin must have the same shape, got {tuple(cos.shape)} "
                          f"and {tuple(sin.shape)}")
-    if 2 * cos.shape[-1] > x.shape[-1]:
-        raise ValueError(f"cos/sin cover {2 * cos.shape[-1]} features but x has only "
-                         f"{x.shape[-1]}")
-    if cos.shape[-2] != x.shape[-2]:
-        raise ValueError(
-            f"cos/sin must have one row per position of x: {x.shape[-2]} rows, got "
-            f"{cos.shape[-2]} (slice the table: cos[start:start + s])"
-        )
+    if cos.dim() == 0 or 2 * cos.shape[-1] > x.shape[-1]:
+        raise ValueError(f"cos/sin cover {2 * cos.shape[-1] if cos.dim() else 0} features but "
+                         f"x has {x.shape[-1]} (they must cover an even number <= it)")
     try:
-        torch.broadcast_shapes(cos.shape[:-1], x.shape[:-1])
+        fits = torch.broadcast_shapes(cos.shape[:-1], x.shape[:-1]) == x.shape[:-1]
     except RuntimeError:
-        raise ValueError(f"cos/sin of shape {tuple(cos.shape)} do not broadcast with x of "
-                         f"shape {tuple(x.shape)}") from None
+        fits = False
+    if not fits:
+        raise ValueError(
+            f"cos/sin of shape {tuple(cos.shape)} must broadcast to x's {tuple(x.shape[:-1])} "
+            f"(one row per position of x: slice the table, cos[start:start + s])"
+        )
 
 
 def _apply_rope_fast(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: str):
