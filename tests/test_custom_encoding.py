@@ -22,9 +22,7 @@ from tutorial_pkg import (
 from tutorial_pkg.experiments import ExperimentConfig, evaluate, train
 from tutorial_pkg.model import TinyLM
 
-BACKENDS = ["naive", "sdpa", "auto",
-            pytest.param("flex", marks=pytest.mark.skipif(not backends.flex_available()[0],
-                                                          reason="FlexAttention unavailable"))]
+from .test_positions import BACKENDS  # every backend; flex where FlexAttention exists
 
 pytestmark = [
     pytest.mark.filterwarnings("ignore:flex backend falls back to sdpa"),
