@@ -548,3 +548,13 @@ def test_block_mask_cache_is_bounded(monkeypatch):
         for length in range(2, 9):
             layer(inputs(13, b=1, s=length))
     assert len(backends._block_masks) == 3
+
+
+def test_a_bad_call_leaves_the_kv_cache_as_it_was():
+    layer = MultiHeadAttention(D_MODEL, N_HEADS, ALiBi(N_HEADS))
+    cache = KVCache()
+    with torch.no_grad():
+        layer(inputs(14, s=3), kv_cache=cache)
+        with pytest.raises(ValueError, match="key_padding_mask"):
+            layer(inputs(14, s=2), kv_cache=cache, key_padding_mask=torch.zeros(2, 2).bool())
+    assert cache.length == 3

@@ -287,6 +287,8 @@ class MultiHeadAttention(nn.Module):
                 "positions", positions, b, s,
                 check_values=isinstance(positions, torch.Tensor) and positions.device.type == "cpu",
             ).to(device)
+        # checked before anything is rotated or cached: a bad call leaves the cache as it was
+        pad = self._check_padding(key_padding_mask, b, start + s, device)
         q_doc = None
         if document_ids is not None:
             q_doc = as_batched_positions("document_ids", document_ids, b, s,
@@ -298,9 +300,7 @@ class MultiHeadAttention(nn.Module):
             k, v, k_pos, k_doc = kv_cache.update(k, v, q_pos, q_doc, default=positions is None)
         plan = AttentionPlan(
             q_pos=q_pos, k_pos=k_pos, start=start, default_positions=default,
-            causal=self.causal, key_padding_mask=self._check_padding(key_padding_mask, b,
-                                                                     k.shape[-2], device),
-            q_doc=q_doc, k_doc=k_doc,
+            causal=self.causal, key_padding_mask=pad, q_doc=q_doc, k_doc=k_doc,
         )
         dropout = self.dropout if self.training else 0.0
         backend = "naive" if return_weights else self.backend
