@@ -140,15 +140,22 @@ def _set_width(driver, width: int) -> None:
 
 
 def _screenshot(driver, path: Path, width: int, height: int) -> None:
-    """The whole page, top to bottom (not just the window)."""
-    shot = driver.execute_cdp_cmd(
-        "Page.captureScreenshot",
-        {
-            "format": "png",
-            "captureBeyondViewport": True,
-            "clip": {"x": 0, "y": 0, "width": width, "height": height, "scale": 1},
-        },
+    """The whole page, top to bottom (not just the window).
+
+    The window is made as tall as the page and scrolled to the top first: capturing
+    "beyond the viewport" of a normal window shifted the theme's sticky sidebar and
+    cut the page's left edge off in the picture (not in the page).
+    """
+    driver.execute_cdp_cmd(
+        "Emulation.setDeviceMetricsOverride",
+        {"width": width, "height": max(HEIGHT, height), "deviceScaleFactor": 1,
+         "mobile": width < 600},
     )
+    driver.execute_script("window.scrollTo(0, 0)")
+    try:
+        shot = driver.execute_cdp_cmd("Page.captureScreenshot", {"format": "png"})
+    finally:
+        _set_width(driver, width)
     path.write_bytes(base64.b64decode(shot["data"]))
 
 
