@@ -558,3 +558,78 @@ def test_a_bad_call_leaves_the_kv_cache_as_it_was():
         with pytest.raises(ValueError, match="key_padding_mask"):
             layer(inputs(14, s=2), kv_cache=cache, key_padding_mask=torch.zeros(2, 2).bool())
     assert cache.length == 3
+
+
+# --------------------------------------------------------------------------- review fixes
+@needs_flex
+def test_flex_compiles_dynamic_shapes_only_for_default_positions(monkeypatch):
+    # a score_mod capturing position tensors does not build with dynamic shapes on CPU
+    # (inductor: 'cur_kvSplitSize1' was not declared): explicit positions compile statically
+    calls = []
+
+    def recording(compiled, dynamic=False):
+        calls.append((compiled, dynamic))
+        return backends.flex_attention  # run eagerly here: only the choice is tested
+
+    monkeypatch.setattr(backends, "_flex_fn", recording)
+    layer = MultiHeadAttention(D_MODEL, N_HEADS, ALiBi(N_HEADS), backend="flex")
+    x = inputs(15, b=1, s=130)
+    with torch.no_grad():
+        layer(x)
+        layer(x, positions=torch.arange(130))
+    assert calls == [(True, True), (True, False)]
+
+
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "bidir"])
+@pytest.mark.parametrize("mode", ["key_only", "causal"])
+def test_16_bit_sdpa_mask_is_shifted_over_the_keys_a_query_sees(monkeypatch, mode, causal):
+    # where SDPA wants the mask in q's dtype (CUDA half), each row is shifted before
+    # rounding; the shift must ignore padded keys and the cached table's keys past L_k
+    monkeypatch.setattr(backends, "_FLOAT32_MASK_DEVICES", set())
+    enc = ALiBi(N_HEADS, mode=mode if causal else "causal")
+    layer = MultiHeadAttention(D_MODEL, N_HEADS, enc, backend="sdpa", causal=causal)
+    naive = MultiHeadAttention(D_MODEL, N_HEADS, enc, backend="naive", causal=causal)
+    gen = torch.Generator().manual_seed(2)
+    length = 600  # the cached table is 1024 wide
+    q, k, v = (torch.randn(2, N_HEADS, length, D_MODEL // N_HEADS, generator=gen)
+               for _ in range(3))
+    pad = torch.zeros(2, length, dtype=torch.bool)
+    pad[0, -150:] = True  # right padding
+    with torch.no_grad():
+        want = naive.attend(q.double(), k.double(), v.double(), key_padding_mask=pad)
+        got = layer.attend(q.bfloat16(), k.bfloat16(), v.bfloat16(), key_padding_mask=pad)
+    torch.testing.assert_close(got.double(), want, rtol=0, atol=3e-2)
+
+
+def test_cached_tables_follow_the_encodings_settings():
+    enc = Hybrid(D_MODEL // N_HEADS, N_HEADS, mix="alpha", alpha=0.3)
+    layers = {b: MultiHeadAttention(D_MODEL, N_HEADS, enc, backend=b)
+              for b in ("sdpa", "auto", "naive")}
+    for b in ("sdpa", "auto"):
+        layers[b].load_state_dict(layers["naive"].state_dict())
+    x = inputs(16)
+    with torch.no_grad():
+        for layer in layers.values():
+            layer(x)  # fills the caches
+        enc.alpha = 0.8  # a plain attribute, not a tensor: the tables must follow it
+        enc.alibi.mode = "key_only"
+        want = layers["naive"](x)
+        for b in ("sdpa", "auto"):
+            torch.testing.assert_close(layers[b](x), want, rtol=1e-4, atol=1e-5)
+
+
+@needs_flex
+@pytest.mark.parametrize("backend", ["flex", "auto", "sdpa"])
+def test_padding_alone_builds_no_dense_mask_for_empty_rows(backend, monkeypatch):
+    real = backends.AttentionPlan.allowed
+
+    def no_dense(self, *, padding=True):
+        assert not (padding and self.key_padding_mask is not None), "dense (b, 1, s, L) mask"
+        return real(self, padding=padding)
+
+    monkeypatch.setattr(backends.AttentionPlan, "allowed", no_dense)
+    layer = MultiHeadAttention(D_MODEL, N_HEADS, ALiBi(N_HEADS), backend=backend,
+                               compile_flex=False)
+    with torch.no_grad():
+        out = layer(inputs(17), key_padding_mask=padding())
+    assert out[1, :3].abs().max() == 0  # queries 0..2 of row 1 see only padding

@@ -210,6 +210,8 @@ CASES = [
      lambda: SinusoidalPositionalEmbedding(D)(X, offset=-1)),
     ("positions_wrong_batch", ValueError, "positions",
      lambda: mha()(X, positions=torch.zeros(3, 5, dtype=torch.long))),
+    ("rope_batched_positions_for_3d_x", ValueError, "positions",
+     lambda: RotaryEmbedding(8).rotate(torch.zeros(2, 5, 8), torch.zeros(1, 5).long())),
     ("document_ids_float", TypeError, "document_ids",
      lambda: mha()(X, document_ids=torch.zeros(2, 5))),
 ]

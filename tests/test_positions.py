@@ -34,8 +34,8 @@ def tiny(encoding: str, backend: str) -> TinyLM:
 
 
 def test_positions_from_padding_counts_real_tokens():
-    pad = torch.tensor([[True, True, False, False, False], [False, False, False, False, False]])
-    assert positions_from_padding(pad).tolist() == [[0, 0, 0, 1, 2], [0, 1, 2, 3, 4]]
+    pad = torch.tensor([[True, True, False, False, False], [False, False, False, True, True]])
+    assert positions_from_padding(pad).tolist() == [[0, 0, 0, 1, 2], [0, 1, 2, 0, 0]]
     with pytest.raises(TypeError, match="key_padding_mask"):
         positions_from_padding(pad.long())
 

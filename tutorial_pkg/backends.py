@@ -171,7 +171,13 @@ class AttentionPlan:
         """
         if self.key_padding_mask is None:
             return None
-        return self.allowed().any(dim=-1, keepdim=True)
+        if self.has_documents:
+            return self.allowed().any(dim=-1, keepdim=True)
+        keep = ~self.key_padding_mask  # [b, L_k]: from the padding alone, nothing L x L
+        if not self.causal:
+            return keep.any(dim=-1)[:, None, None, None]
+        seen = keep.cumsum(-1)[:, self.start : self.start + self.s] > 0  # kept keys <= slot
+        return seen[:, None, :, None]
 
 
 def _zero_empty_rows(out: torch.Tensor, has_key: torch.Tensor | None) -> torch.Tensor:
@@ -192,14 +198,19 @@ _block_masks: OrderedDict = OrderedDict()
 
 def _state(encoding: PositionEncoding) -> tuple:
     # Changes when a tensor of the encoding is replaced (.to(), a new cache) or
-    # modified in place (its version counter), so a stale table is never served.
+    # modified in place (its version counter), or a setting changes, so a stale table
+    # is never served.
     def token(t: torch.Tensor) -> tuple:
         try:
             return (t.data_ptr(), t._version)
         except RuntimeError:  # inference tensors keep no version counter
             return (t.data_ptr(), 0)
 
-    return tuple(token(t) for t in (*encoding.buffers(), *encoding.parameters()))
+    settings = tuple(  # plain attributes (ALiBi's mode, the hybrid's alpha) matter too
+        (name, value) for module in encoding.modules() for name, value in vars(module).items()
+        if isinstance(value, (bool, int, float, str)) and name != "training"
+    )
+    return settings + tuple(token(t) for t in (*encoding.buffers(), *encoding.parameters()))
 
 
 def _overrides(encoding: PositionEncoding, hook: str) -> bool:
@@ -373,9 +384,11 @@ def sdpa(q, k, v, plan: AttentionPlan, encoding: PositionEncoding, *, dropout_p:
     """``scaled_dot_product_attention`` with the plan as a 4-D mask (or ``is_causal``)."""
     kw = _gqa_kwargs(q, k)
     hard = plan.causal or plan.has_documents  # -inf: a query always keeps one key
+    dtype = _mask_dtype(q)
+    work = torch.promote_types(dtype, torch.float32)  # the bias is built in float32 at least
     if plan.default_positions and encoding.static_bias and _overrides(encoding, "bias"):
         bias = cached_bias(encoding, plan.start, plan.s, plan.k_len, causal=plan.causal,
-                           device=q.device, dtype=_mask_dtype(q))
+                           device=q.device, dtype=work)
         causal_applied = bias is not None
     else:
         bias, causal_applied = _plan_bias(encoding, plan), False
@@ -388,14 +401,20 @@ def sdpa(q, k, v, plan: AttentionPlan, encoding: PositionEncoding, *, dropout_p:
             mask, is_causal = plan.allowed(), False
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p,
                                               is_causal=is_causal, **kw)
-    dtype = _mask_dtype(q)
     if bias is None:
-        bias = torch.zeros((), dtype=dtype, device=q.device)
+        bias = torch.zeros((), dtype=work, device=q.device)
+    minus_inf = torch.tensor(float("-inf"), dtype=work, device=q.device)
     if hard and not (causal_applied and not plan.has_documents):
-        allowed = plan.allowed(padding=False)
-        bias = torch.where(allowed, bias, torch.tensor(float("-inf"), dtype=bias.dtype,
-                                                       device=q.device))
-    bias = _to_mask_dtype(bias, dtype)
+        bias = torch.where(plan.allowed(padding=False), bias, minus_inf)
+    if dtype != work:
+        # a 16-bit mask (where the kernel wants q's dtype): shift each row so that its
+        # largest value over the keys it may see (not padding, not keys past L_k) is 0
+        # before rounding; softmax is shift invariant, and the keys that carry weight
+        # then sit near 0, where 16 bits are precise
+        live = bias
+        if plan.key_padding_mask is not None:
+            live = torch.where(plan.key_padding_mask[:, None, None, :], minus_inf, bias)
+        bias = (bias - live.detach().amax(dim=-1, keepdim=True).clamp_min(-1e30)).to(dtype)
     if plan.key_padding_mask is not None:
         # finite (not -inf) for padding, so a row with no key left stays NaN-free
         pad = torch.zeros(plan.key_padding_mask.shape, dtype=dtype, device=q.device)
@@ -496,20 +515,15 @@ def key_row(q, k, v, plan: AttentionPlan, row: torch.Tensor):
     """SDPA's fused kernel with ``is_causal`` and a float key row (see :func:`auto_key_row`)."""
     is_causal = plan.causal and plan.s > 1
     mask = row.to(torch.float64 if q.dtype == torch.float64 else torch.float32)
-    has_key = None
     if plan.key_padding_mask is not None:
         # padding depends on the key only, so the mask stays one row per head:
         # (b, H, 1, L_k); finite, so a query with no key left stays NaN-free
         pad = plan.key_padding_mask
         pad_bias = torch.zeros(pad.shape, dtype=mask.dtype, device=q.device)
         mask = mask + pad_bias.masked_fill(pad, torch.finfo(mask.dtype).min)[:, None, None, :]
-        keep = ~pad
-        # query i has a key iff a kept key j <= i (causal) or any kept key
-        has_key = keep.cumsum(-1) > 0 if is_causal else keep.any(-1, keepdim=True)
-        has_key = has_key[:, None, :, None]  # (b, 1, s or 1, 1)
     out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal,
                                          **_gqa_kwargs(q, k))
-    return _zero_empty_rows(out, has_key)
+    return _zero_empty_rows(out, plan.has_key())
 
 
 # --------------------------------------------------------------------------- flex
@@ -634,8 +648,11 @@ def flex(q, k, v, plan: AttentionPlan, encoding: PositionEncoding, *, compile: b
     else:
         score_mod = encoding.score_mod(0, plan.q_pos.expand(batch, -1).contiguous(),
                                        plan.k_pos.expand(batch, -1).contiguous())
-    plain = (plan.causal and plan.start == 0 and plan.key_padding_mask is None
-             and not plan.has_documents)
+    # the dynamic compile only for the common call: default positions (a score_mod that
+    # captures position tensors does not build with dynamic shapes on CPU), whole causal
+    # sequence, no padding, no documents
+    plain = (plan.default_positions and plan.causal and plan.start == 0
+             and plan.key_padding_mask is None and not plan.has_documents)
     # below one tile the compiled CPU kernel is wrong on AVX2 (module docs): run eagerly
     eager = not compile or (q.device.type == "cpu" and min(plan.s, plan.k_len) < FLEX_TILE)
     block_mask = _block_mask(plan, batch, q.device, mark_dynamic=plain and not eager)

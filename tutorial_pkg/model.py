@@ -120,7 +120,7 @@ class TinyLM(nn.Module):
         if ids.dim() != 2:
             raise ValueError(f"ids must have shape [b, s], got {tuple(ids.shape)}")
         if ids.numel() and not torch.compiler.is_compiling():
-            low, high = int(ids.min()), int(ids.max())  # one read per forward pass
+            low, high = (int(t) for t in torch.aminmax(ids))  # one kernel, one wait
             if low < 0 or high >= self.vocab_size:
                 raise ValueError(
                     f"ids must be in [0, vocab_size={self.vocab_size}), got values in "

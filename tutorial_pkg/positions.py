@@ -43,7 +43,8 @@ def positions_from_padding(key_padding_mask: torch.Tensor) -> torch.Tensor:
         raise ValueError(
             f"key_padding_mask must have shape [b, L], got {tuple(key_padding_mask.shape)}"
         )
-    return ((~key_padding_mask).long().cumsum(-1) - 1).clamp_min(0)
+    counted = (~key_padding_mask).long().cumsum(-1) - 1
+    return counted.masked_fill(key_padding_mask, 0)
 
 
 def positions_from_documents(document_ids: torch.Tensor) -> torch.Tensor:

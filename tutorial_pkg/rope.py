@@ -632,7 +632,12 @@ class RotaryEmbedding(nn.Module):
                     f"positions must have length s={x.shape[-2]}, got {positions.numel()}"
                 )
             return positions.long().to(x.device)
-        batch = x.shape[0] if x.dim() == 4 else 1
+        if x.dim() != 4:
+            raise ValueError(
+                f"positions [b, s] need {name} as [b, n_h, s, h_d], got shape {tuple(x.shape)}"
+                f" (pass positions as (s,) for other shapes)"
+            )
+        batch = x.shape[0]
         positions = as_batched_positions("positions", positions, batch, x.shape[-2],
                                          check_values=check_values)
         return positions[:, None, :].to(x.device)
