@@ -283,17 +283,22 @@ def _masked_bias(encoding, q_pos, k_pos, causal, dtype):
     return _to_mask_dtype(bias, dtype)
 
 
-def _to_mask_dtype(bias: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+def _to_mask_dtype(
+    bias: torch.Tensor, dtype: torch.dtype, live: torch.Tensor | None = None
+) -> torch.Tensor:
     """Cast a float32 bias to ``dtype``; to 16 bits only after a shift per row.
 
     Softmax is shift invariant along a row, so subtracting each row's largest value
     changes nothing but the rounding: the keys that carry weight sit near 0, where
     16-bit floats are fine (``m j`` itself, at ``j`` = 30000, is not: bf16 keeps 8 bits).
+    ``live`` is the bias with the keys a query cannot see at ``-inf`` (default: ``bias``),
+    so that padding never sets the shift.
     """
     if bias.dtype == dtype:
         return bias
     if dtype not in (torch.float32, torch.float64) and bias.dim():
-        bias = bias - bias.detach().amax(dim=-1, keepdim=True).clamp_min(-1e30)
+        live = bias if live is None else live
+        bias = bias - live.detach().amax(dim=-1, keepdim=True).clamp_min(-1e30)
     return bias.to(dtype)
 
 
@@ -386,7 +391,7 @@ def sdpa(q, k, v, plan: AttentionPlan, encoding: PositionEncoding, *, dropout_p:
     hard = plan.causal or plan.has_documents  # -inf: a query always keeps one key
     dtype = _mask_dtype(q)
     work = torch.promote_types(dtype, torch.float32)  # the bias is built in float32 at least
-    if plan.default_positions and encoding.static_bias and _overrides(encoding, "bias"):
+    if plan.default_positions and encoding.static_bias and encoding.has_bias:
         bias = cached_bias(encoding, plan.start, plan.s, plan.k_len, causal=plan.causal,
                            device=q.device, dtype=work)
         causal_applied = bias is not None
@@ -406,15 +411,11 @@ def sdpa(q, k, v, plan: AttentionPlan, encoding: PositionEncoding, *, dropout_p:
     minus_inf = torch.tensor(float("-inf"), dtype=work, device=q.device)
     if hard and not (causal_applied and not plan.has_documents):
         bias = torch.where(plan.allowed(padding=False), bias, minus_inf)
-    if dtype != work:
-        # a 16-bit mask (where the kernel wants q's dtype): shift each row so that its
-        # largest value over the keys it may see (not padding, not keys past L_k) is 0
-        # before rounding; softmax is shift invariant, and the keys that carry weight
-        # then sit near 0, where 16 bits are precise
-        live = bias
+    if dtype != work:  # a 16-bit mask (the kernel wants q's dtype): shift, then round
+        live = None  # the shift is over the keys a query may see: not padding, not past L_k
         if plan.key_padding_mask is not None:
             live = torch.where(plan.key_padding_mask[:, None, None, :], minus_inf, bias)
-        bias = (bias - live.detach().amax(dim=-1, keepdim=True).clamp_min(-1e30)).to(dtype)
+        bias = _to_mask_dtype(bias, dtype, live)
     if plan.key_padding_mask is not None:
         # finite (not -inf) for padding, so a row with no key left stays NaN-free
         pad = torch.zeros(plan.key_padding_mask.shape, dtype=dtype, device=q.device)
@@ -545,7 +546,7 @@ def flex_blocker(q, k, v, plan: AttentionPlan, encoding: PositionEncoding, *,
         return why
     if plan.s == 1:
         return "single-token decoding step (the cached bias row is cheaper)"
-    if _overrides(encoding, "bias") and not _overrides(encoding, "score_mod"):
+    if encoding.has_bias and not _overrides(encoding, "score_mod"):
         return f"{type(encoding).__name__} has a bias hook but no score_mod"
     if dropout_p:
         return "attention dropout is not supported by FlexAttention"
