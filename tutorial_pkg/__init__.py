@@ -12,6 +12,8 @@ module             chapter
 ``attention``      4. Attention layers
 ``backends``       4. Attention layers (the plan and the four backends) and 5. Benchmarking
 ``positions``      4. Attention layers (left padding, packed documents)
+``relative_bias``  8. Modern recipes (T5's learned relative bias)
+``schedules``      8. Modern recipes (NoPE layers, local/global layers)
 ``benchmark``      5. Benchmarking
 ``data``           7. Length extrapolation (corpus)
 ``model``          7. Length extrapolation (tiny LM)
@@ -35,6 +37,12 @@ from .encodings import (
     make_encoding,
 )
 from .positions import positions_from_documents, positions_from_padding
+from .relative_bias import (
+    T5_MAX_DISTANCE,
+    T5_NUM_BUCKETS,
+    T5RelativeBias,
+    t5_relative_position_bucket,
+)
 from .rope import (
     LAYOUTS,
     ROPE_SCALINGS,
@@ -50,6 +58,7 @@ from .rope import (
     rotate_half,
     scaled_inv_freq,
 )
+from .schedules import LayerSchedule, LocalGlobal, NoPEEvery, PerLayer
 from .sinusoidal import SinusoidalPositionalEmbedding, sinusoidal_frequencies, sinusoidal_table
 
 
@@ -109,6 +118,16 @@ __all__ = [
     # positions
     "positions_from_padding",
     "positions_from_documents",
+    # relative_bias
+    "T5_NUM_BUCKETS",
+    "T5_MAX_DISTANCE",
+    "t5_relative_position_bucket",
+    "T5RelativeBias",
+    # schedules
+    "LayerSchedule",
+    "PerLayer",
+    "NoPEEvery",
+    "LocalGlobal",
     # the backends module (tutorial_pkg.backends)
     "backends",
 ]

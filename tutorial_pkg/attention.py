@@ -14,6 +14,11 @@ correct for every encoding, with or without a KV cache. Key padding masks are
 ``(b, L_k)`` booleans, ``True`` where the key is padding (the convention of
 :class:`torch.nn.MultiheadAttention`). A query row whose keys are all masked returns
 zeros, never NaN.
+
+``window=w`` makes a layer attend within a sliding window (Mistral; Gemma's local
+layers): the query at cache slot ``i`` sees the key slots ``i - w < j <= i``, Hugging
+Face's convention (see :mod:`tutorial_pkg.backends`). Per-layer choices (NoPE layers,
+local and global layers) are :mod:`tutorial_pkg.schedules`.
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ from . import backends
 from ._checks import as_batched_positions, check_choice, check_float_tensor, check_positive_int
 from .backends import BACKENDS, AttentionPlan, flex_available
 from .encodings import NoPE, PositionEncoding
+from .schedules import LayerSchedule
 
 __all__ = [
     "BACKENDS",
@@ -128,6 +134,9 @@ class MultiHeadAttention(nn.Module):
             default ``n_heads``.
         bias: whether the projections have biases.
         compile_flex: compile FlexAttention (``False``: eager, slow, for debugging).
+        window: sliding window ``w`` (a positive int): the query at cache slot ``i``
+            sees key slots ``i - w < j <= i`` (``|i - j| < w`` when not causal);
+            ``None`` (default) = every key.
     """
 
     def __init__(
@@ -142,6 +151,7 @@ class MultiHeadAttention(nn.Module):
         n_kv_heads: int | None = None,
         bias: bool = False,
         compile_flex: bool = True,
+        window: int | None = None,
     ) -> None:
         super().__init__()
         check_positive_int("d_model", d_model)
@@ -153,6 +163,11 @@ class MultiHeadAttention(nn.Module):
             raise ValueError(f"n_kv_heads ({n_kv_heads}) must divide n_heads ({n_heads})")
         if encoding is None:
             encoding = NoPE()
+        if isinstance(encoding, LayerSchedule):
+            raise TypeError(
+                f"encoding is a {type(encoding).__name__}, one encoding per layer: give each "
+                f"layer its own, encoding.layer(i) (TinyLM does this)"
+            )
         if not isinstance(encoding, PositionEncoding):
             raise TypeError(
                 f"encoding must be a PositionEncoding (see make_encoding), got "
@@ -173,6 +188,7 @@ class MultiHeadAttention(nn.Module):
         self.backend = check_choice("backend", backend, BACKENDS)
         self.dropout = float(dropout)
         self.compile_flex = compile_flex
+        self.window = None if window is None else check_positive_int("window", window)
         self.encoding = encoding
         kw = {"bias": bias}
         self.q_proj = nn.Linear(d_model, n_heads * head_dim, **kw)
@@ -301,6 +317,7 @@ class MultiHeadAttention(nn.Module):
         plan = AttentionPlan(
             q_pos=q_pos, k_pos=k_pos, start=start, default_positions=default,
             causal=self.causal, key_padding_mask=pad, q_doc=q_doc, k_doc=k_doc,
+            window=self.window,
         )
         dropout = self.dropout if self.training else 0.0
         backend = "naive" if return_weights else self.backend
@@ -338,6 +355,7 @@ class MultiHeadAttention(nn.Module):
         return (
             f"d_model={self.d_model}, n_heads={self.n_heads}, n_kv_heads={self.n_kv_heads}, "
             f"causal={self.causal}, backend={self.backend!r}"
+            + (f", window={self.window}" if self.window is not None else "")
         )
 
 
@@ -356,7 +374,7 @@ class TransformerBlock(nn.Module):
         d_ff: MLP hidden width (default ``4 * d_model``).
         dropout: dropout on attention weights and residual branches.
         norm_first: pre-norm (``True``) or post-norm (``False``).
-        causal, backend, n_kv_heads, compile_flex: see :class:`MultiHeadAttention`.
+        causal, backend, n_kv_heads, compile_flex, window: see :class:`MultiHeadAttention`.
     """
 
     def __init__(
@@ -372,13 +390,14 @@ class TransformerBlock(nn.Module):
         backend: str = "auto",
         n_kv_heads: int | None = None,
         compile_flex: bool = True,
+        window: int | None = None,
     ) -> None:
         super().__init__()
         d_ff = 4 * d_model if d_ff is None else check_positive_int("d_ff", d_ff)
         self.norm_first = bool(norm_first)
         self.attn = MultiHeadAttention(
             d_model, n_heads, encoding, causal=causal, backend=backend, dropout=dropout,
-            n_kv_heads=n_kv_heads, compile_flex=compile_flex,
+            n_kv_heads=n_kv_heads, compile_flex=compile_flex, window=window,
         )
         self.norm1 = nn.LayerNorm(d_model)
         self.norm2 = nn.LayerNorm(d_model)

@@ -47,6 +47,18 @@ Causality is by order in the sequence (the query at cache slot ``t`` sees slots
 ``<= t``), as in Hugging Face models, not by position value; positions only feed the
 encoding. A query whose keys are all masked returns zeros, never NaN.
 
+**Sliding windows** (Mistral, Gemma's local layers) are a property of the plan,
+``window = w``: causally, the query at cache slot ``i`` sees the key slots ``j`` with
+``i - w < j <= i``, that is ``w`` keys including itself. This is Hugging Face's
+convention (``sliding_window_overlay`` of ``transformers.masking_utils``:
+``kv_idx > q_idx - sliding_window``). Without causality the query sees
+``|i - j| < w``. Windows count cache slots, like causality, so a left-padded row or a
+packed document sees the same keys as the row alone. Every backend applies it:
+``"naive"`` and ``"sdpa"`` in their mask, ``"flex"`` in its block mask (blocks outside
+the window are skipped, not computed), ``"auto"`` through ``"sdpa"`` (the fused causal
+kernel has no window). The KV cache keeps every key (no rolling buffer): the window
+saves compute on ``"flex"``, not cache memory.
+
 Caches are bounded: per encoding (held weakly, so they go with it) at most
 :data:`MAX_CACHED_TABLES` bias tables and rows, keyed by device, dtype and the
 encoding's tensors (a ``.to()`` or an in-place change of the slopes makes a new
@@ -119,6 +131,8 @@ class AttentionPlan:
         key_padding_mask: bool ``[b, L_k]``, ``True`` = padding, or None.
         q_doc: ``[1 or b, s]`` document ids of the queries, or None.
         k_doc: ``[1 or b, L_k]`` document ids of the keys, or None.
+        window: sliding window ``w`` (module docs): the query at slot ``i`` sees key
+            slots ``i - w < j <= i`` (``|i - j| < w`` when not causal); None = no window.
     """
 
     q_pos: torch.Tensor
@@ -129,6 +143,7 @@ class AttentionPlan:
     key_padding_mask: torch.Tensor | None = None
     q_doc: torch.Tensor | None = None
     k_doc: torch.Tensor | None = None
+    window: int | None = None
 
     @property
     def s(self) -> int:
@@ -147,14 +162,26 @@ class AttentionPlan:
     def has_documents(self) -> bool:
         return self.q_doc is not None
 
+    @property
+    def windowed(self) -> bool:
+        """The window hides some key of some query (a window this long hides none)."""
+        if self.window is None:
+            return False
+        if self.causal:  # the longest look-back is the last query's: start + s - 1
+            return self.start + self.s > self.window
+        return max(self.start + self.s, self.k_len) > self.window
+
     def allowed(self, *, padding: bool = True) -> torch.Tensor | None:
         """Bool ``[1 or b, 1, s, L_k]`` of allowed (query, key) pairs; None if all are."""
         device = self.q_pos.device
         allowed = None
+        q_slot = torch.arange(self.start, self.start + self.s, device=device)[:, None]
+        k_slot = torch.arange(self.k_len, device=device)[None, :]
         if self.causal:
-            q_slot = torch.arange(self.start, self.start + self.s, device=device)
-            k_slot = torch.arange(self.k_len, device=device)
-            allowed = (k_slot[None, :] <= q_slot[:, None])[None, None]
+            allowed = (k_slot <= q_slot)[None, None]
+        if self.windowed:
+            near = (k_slot > q_slot - self.window) & (k_slot < q_slot + self.window)
+            allowed = near[None, None] if allowed is None else allowed & near
         if self.q_doc is not None:
             same = (self.q_doc[:, :, None] == self.k_doc[:, None, :])[:, None]
             allowed = same if allowed is None else allowed & same
@@ -167,16 +194,19 @@ class AttentionPlan:
         """Bool ``[b, 1, s, 1]``: whether each query has a key left; None if all have.
 
         Only padding can take every key from a query: causally a query sees itself,
-        and it is in its own document.
+        it is in its own document and in its own window.
         """
         if self.key_padding_mask is None:
             return None
-        if self.has_documents:
+        if self.has_documents or (self.windowed and not self.causal):
             return self.allowed().any(dim=-1, keepdim=True)
         keep = ~self.key_padding_mask  # [b, L_k]: from the padding alone, nothing L x L
         if not self.causal:
             return keep.any(dim=-1)[:, None, None, None]
-        seen = keep.cumsum(-1)[:, self.start : self.start + self.s] > 0  # kept keys <= slot
+        counts = F.pad(keep.long().cumsum(-1), (1, 0))  # counts[:, t] = kept keys < slot t
+        last = torch.arange(self.start + 1, self.start + self.s + 1, device=keep.device)
+        first = (last - self.window).clamp_min(0) if self.windowed else torch.zeros_like(last)
+        seen = (counts[:, last] - counts[:, first]) > 0  # kept keys in the query's window
         return seen[:, None, :, None]
 
 
@@ -388,7 +418,8 @@ def _mask_dtype(q: torch.Tensor) -> torch.dtype:
 def sdpa(q, k, v, plan: AttentionPlan, encoding: PositionEncoding, *, dropout_p: float = 0.0):
     """``scaled_dot_product_attention`` with the plan as a 4-D mask (or ``is_causal``)."""
     kw = _gqa_kwargs(q, k)
-    hard = plan.causal or plan.has_documents  # -inf: a query always keeps one key
+    # -inf: a query always keeps one key (itself: causal, its document, its window)
+    hard = plan.causal or plan.has_documents or plan.windowed
     dtype = _mask_dtype(q)
     work = torch.promote_types(dtype, torch.float32)  # the bias is built in float32 at least
     if plan.default_positions and encoding.static_bias and encoding.has_bias:
@@ -398,7 +429,9 @@ def sdpa(q, k, v, plan: AttentionPlan, encoding: PositionEncoding, *, dropout_p:
     else:
         bias, causal_applied = _plan_bias(encoding, plan), False
     if bias is None and plan.key_padding_mask is None and not plan.has_documents:
-        if not plan.causal or plan.s == 1:
+        if plan.windowed:
+            mask, is_causal = plan.allowed(), False
+        elif not plan.causal or plan.s == 1:
             mask, is_causal = None, False  # one new token sees every cached key
         elif plan.whole_sequence:
             mask, is_causal = None, True  # the fused causal kernel: nothing L x L built
@@ -409,7 +442,7 @@ def sdpa(q, k, v, plan: AttentionPlan, encoding: PositionEncoding, *, dropout_p:
     if bias is None:
         bias = torch.zeros((), dtype=work, device=q.device)
     minus_inf = torch.tensor(float("-inf"), dtype=work, device=q.device)
-    if hard and not (causal_applied and not plan.has_documents):
+    if hard and not (causal_applied and not plan.has_documents and not plan.windowed):
         bias = torch.where(plan.allowed(padding=False), bias, minus_inf)
     if dtype != work:  # a 16-bit mask (the kernel wants q's dtype): shift, then round
         live = None  # the shift is over the keys a query may see: not padding, not past L_k
@@ -494,7 +527,7 @@ def _probe_key_row(device, dtype, gqa) -> bool:
 
 def auto_key_row(q, k, plan: AttentionPlan, encoding: PositionEncoding, *, dropout_p: float):
     """The float key row ``(1 or b, H, 1, L_k)`` for the ``"auto"`` path, or None (use sdpa)."""
-    if dropout_p or plan.has_documents or not _overrides(encoding, "key_bias"):
+    if dropout_p or plan.has_documents or plan.windowed or not _overrides(encoding, "key_bias"):
         return None
     # is_causal aligns the mask top-left (query i sees keys <= i): right for a whole
     # sequence, and a single new token sees every cached key anyway.
@@ -591,8 +624,17 @@ def _offset_causal_mask_mod(start: int):
     return mask_mod
 
 
+def _window_mask_mod(start: int, window: int, causal: bool):
+    def mask_mod(b, h, q_idx, kv_idx):
+        keep = (kv_idx > q_idx + start - window) & (kv_idx < q_idx + start + window)
+        return keep & (kv_idx <= q_idx + start) if causal else keep
+
+    return mask_mod
+
+
 def _plan_mask_mod(plan: AttentionPlan, batch: int):
     start, causal = plan.start, plan.causal
+    window = plan.window if plan.windowed else None
     pad = plan.key_padding_mask
     q_doc = k_doc = None
     if plan.has_documents:
@@ -603,6 +645,8 @@ def _plan_mask_mod(plan: AttentionPlan, batch: int):
         keep = kv_idx >= 0
         if causal:
             keep = keep & (kv_idx <= q_idx + start)
+        if window is not None:
+            keep = keep & (kv_idx > q_idx + start - window) & (kv_idx < q_idx + start + window)
         if pad is not None:
             keep = keep & ~pad[b, kv_idx]
         if q_doc is not None:
@@ -625,12 +669,19 @@ def _block_mask(plan: AttentionPlan, batch: int, device, mark_dynamic: bool):
     if plan.key_padding_mask is not None or plan.has_documents:  # data-dependent: per call
         return create_block_mask(_plan_mask_mod(plan, batch), batch, None, plan.s, plan.k_len,
                                  device=device)
-    if not plan.causal:
+    window = plan.window if plan.windowed else None
+    if not plan.causal and window is None:
         return None
-    key = (plan.s, plan.k_len, plan.start, torch.device(device), mark_dynamic)
+    key = (plan.s, plan.k_len, plan.start, plan.causal, window, torch.device(device),
+           mark_dynamic)
     block_mask = _block_masks.get(key)
     if block_mask is None:
-        mask_mod = _causal_mask_mod if plan.start == 0 else _offset_causal_mask_mod(plan.start)
+        if window is not None:  # captures ints: compiled with static shapes (see flex)
+            mask_mod = _window_mask_mod(plan.start, window, plan.causal)
+        elif plan.start == 0:
+            mask_mod = _causal_mask_mod
+        else:
+            mask_mod = _offset_causal_mask_mod(plan.start)
         block_mask = create_block_mask(mask_mod, None, None, plan.s, plan.k_len, device=device)
         if mark_dynamic:
             _mark_block_mask_dynamic(block_mask)
@@ -651,9 +702,11 @@ def flex(q, k, v, plan: AttentionPlan, encoding: PositionEncoding, *, compile: b
                                        plan.k_pos.expand(batch, -1).contiguous())
     # the dynamic compile only for the common call: default positions (a score_mod that
     # captures position tensors does not build with dynamic shapes on CPU), whole causal
-    # sequence, no padding, no documents
+    # sequence, no padding, no documents, no window (a mask_mod that captures the window
+    # int would make it symbolic, which the CPU template cannot build)
     plain = (plan.default_positions and plan.causal and plan.start == 0
-             and plan.key_padding_mask is None and not plan.has_documents)
+             and plan.key_padding_mask is None and not plan.has_documents
+             and not plan.windowed)
     # below one tile the compiled CPU kernel is wrong on AVX2 (module docs): run eagerly
     eager = not compile or (q.device.type == "cpu" and min(plan.s, plan.k_len) < FLEX_TILE)
     block_mask = _block_mask(plan, batch, q.device, mark_dynamic=plain and not eager)

@@ -4,6 +4,11 @@ Token embedding -> ``encoding.embed`` (absolute encodings only) -> ``n_layers``
 :class:`~tutorial_pkg.attention.TransformerBlock` sharing one encoding -> final
 LayerNorm -> output head tied to the embedding.
 
+Or one encoding per layer: a list (one name or instance per layer) or a
+:class:`~tutorial_pkg.schedules.LayerSchedule` (``"irope"``: NoPE every 4th layer;
+``"local_global"``: Gemma 3's sliding-window local layers and global layers), which
+also gives each layer its sliding window.
+
 Same initial weights for every encoding: the encoding is built on a forked RNG,
 so a learned position table does not shift the random stream that initialises
 the rest of the model. Two models built with the same ``seed`` and different
@@ -19,6 +24,7 @@ from torch import nn
 from ._checks import as_batched_positions, check_positive_int
 from .attention import KVCache, TransformerBlock
 from .encodings import PositionEncoding, make_encoding
+from .schedules import LayerSchedule, PerLayer
 
 __all__ = ["TinyLM"]
 
@@ -27,7 +33,13 @@ class TinyLM(nn.Module):
     """Decoder-only LM for byte-level text.
 
     Args:
-        encoding: an encoding name for :func:`~tutorial_pkg.encodings.make_encoding` or an instance.
+        encoding: an encoding name for :func:`~tutorial_pkg.encodings.make_encoding` or an
+            instance (shared by every layer); a
+            :class:`~tutorial_pkg.schedules.LayerSchedule` (or its name, e.g. ``"irope"``,
+            ``"local_global"``): layer ``i`` gets ``schedule.layer(i)``; or a list of
+            ``n_layers`` names or instances, one per layer (a
+            :class:`~tutorial_pkg.schedules.PerLayer`). :attr:`encoding` holds the
+            instance or the schedule.
         vocab_size: vocabulary size (256 for bytes).
         d_model: width.
         n_layers: number of blocks.
@@ -41,12 +53,16 @@ class TinyLM(nn.Module):
         norm_first: pre-norm blocks (``True``) or post-norm.
         n_kv_heads: grouped-query attention heads.
         seed: seed of the initial weights (identical across encodings).
-        encoding_kwargs: extra arguments for :func:`~tutorial_pkg.encodings.make_encoding`.
+        encoding_kwargs: extra arguments for :func:`~tutorial_pkg.encodings.make_encoding`
+            (for a list, passed for each name in it).
+        window: sliding window of every layer (see
+            :class:`~tutorial_pkg.attention.MultiHeadAttention`); a schedule that sets
+            windows itself cannot take one too.
     """
 
     def __init__(
         self,
-        encoding: str | PositionEncoding = "rope",
+        encoding: str | PositionEncoding | list = "rope",
         *,
         vocab_size: int = 256,
         d_model: int = 128,
@@ -60,31 +76,55 @@ class TinyLM(nn.Module):
         n_kv_heads: int | None = None,
         seed: int = 0,
         encoding_kwargs: dict | None = None,
+        window: int | None = None,
     ) -> None:
         super().__init__()
         check_positive_int("vocab_size", vocab_size)
         check_positive_int("n_layers", n_layers)
-        if isinstance(encoding, str):
-            with torch.random.fork_rng(devices=[]):
-                torch.manual_seed(seed + 1)
-                encoding = make_encoding(
-                    encoding, d_model=d_model, n_heads=n_heads, max_len=max_len,
-                    **(encoding_kwargs or {}),
-                )
-        elif not isinstance(encoding, PositionEncoding):
+        if window is not None:
+            check_positive_int("window", window)
+        if isinstance(encoding, (list, tuple)):
+            if len(encoding) != n_layers:
+                raise ValueError(f"encoding must list one encoding per layer (n_layers="
+                                 f"{n_layers}), got {len(encoding)}")
+            if not all(isinstance(e, (str, PositionEncoding)) for e in encoding):
+                raise TypeError("encoding must list names or PositionEncoding instances")
+        elif not isinstance(encoding, (str, PositionEncoding)):
             raise TypeError(
-                f"encoding must be a name or a PositionEncoding, got {type(encoding).__name__}"
+                f"encoding must be a name, a PositionEncoding or a list of them, got "
+                f"{type(encoding).__name__}"
             )
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed + 1)
+            build = lambda name: make_encoding(  # noqa: E731
+                name, d_model=d_model, n_heads=n_heads, max_len=max_len,
+                **(encoding_kwargs or {}),
+            )
+            if isinstance(encoding, str):
+                encoding = build(encoding)
+            elif isinstance(encoding, (list, tuple)):
+                encoding = PerLayer([build(e) if isinstance(e, str) else e for e in encoding])
+        if isinstance(encoding, LayerSchedule):
+            if encoding.n_layers is not None and encoding.n_layers != n_layers:
+                raise ValueError(f"encoding is a schedule of {encoding.n_layers} layers, "
+                                 f"the model has n_layers={n_layers}")
+            layers = [encoding.layer(i) for i in range(n_layers)]
+            if window is not None and any(w is not None for _, w in layers):
+                raise ValueError("window is given, but the schedule sets windows itself")
+            layers = [(e, window if w is None else w) for e, w in layers]
+        else:
+            layers = [(encoding, window)] * n_layers
         generator_state = torch.random.get_rng_state()
         torch.manual_seed(seed)
         try:
             self.tok_emb = nn.Embedding(vocab_size, d_model)
             self.blocks = nn.ModuleList(
                 TransformerBlock(
-                    d_model, n_heads, encoding, d_ff=d_ff, dropout=dropout,
+                    d_model, n_heads, layer_encoding, d_ff=d_ff, dropout=dropout,
                     norm_first=norm_first, backend=backend, n_kv_heads=n_kv_heads,
+                    window=layer_window,
                 )
-                for _ in range(n_layers)
+                for layer_encoding, layer_window in layers
             )
             self.norm = nn.LayerNorm(d_model)
             # Skip the encoding (a child of every attention layer): a learned table was
