@@ -28,7 +28,6 @@ Shapes: q and k are ``[b, n_h, s, h_d]`` (the layout of
 from __future__ import annotations
 
 import inspect
-import math
 import warnings
 from collections.abc import Callable
 
@@ -43,6 +42,16 @@ from ._checks import (
     check_float_tensor,
     check_positive_float,
     check_positive_int,
+)
+from .rope_scaling import (
+    dynamic_ntk_scaling,
+    linear_scaling,
+    llama3_scaling,
+    longrope_scaling,
+    no_scaling,
+    ntk_scaling,
+    p_rope_inv_freq,
+    yarn_scaling,
 )
 
 __all__ = [
@@ -83,98 +92,33 @@ def inv_freq(dim: int, base: float = 10000.0, *, device=None) -> torch.Tensor:
     return (base**-exponent).float()
 
 
-def _no_scaling(dim: int, base: float, device=None) -> tuple[torch.Tensor, float]:
-    return inv_freq(dim, base, device=device), 1.0
-
-
-def _linear_scaling(dim, base, *, factor, device=None):
-    """Position interpolation (Chen et al., 2023): positions divided by ``factor``.
-
-    Dividing every frequency by ``factor`` is the same as dividing positions, so a
-    model trained to length ``L`` sees positions of ``factor * L`` squeezed into
-    the range it knows.
-    """
-    factor = check_positive_float("factor", factor)
-    return inv_freq(dim, base, device=device) / factor, 1.0
-
-
-def _ntk_scaling(dim, base, *, factor, device=None):
-    """NTK-aware scaling (bloc97, 2023): raise the base instead of squeezing positions.
-
-    ``base' = base * factor ** (dim / (dim - 2))`` leaves the highest frequency
-    unchanged (local order stays sharp) and divides the lowest one by ``factor``
-    (the longest wavelength covers ``factor`` times more tokens).
-    """
-    factor = check_positive_float("factor", factor)
-    if dim <= 2:
-        raise ValueError(f"dim must be > 2 for NTK-aware scaling, got {dim}")
-    new_base = base * factor ** (dim / (dim - 2))
-    return inv_freq(dim, new_base, device=device), 1.0
-
-
-def _yarn_scaling(
-    dim,
-    base,
-    *,
-    factor,
-    original_max_position,
-    beta_fast: float = 32.0,
-    beta_slow: float = 1.0,
-    attention_factor: float | None = None,
-    device=None,
-):
-    """YaRN (Peng et al., 2024): interpolate only the low frequencies, plus a temperature.
-
-    Frequencies that turn more than ``beta_fast`` times over the original context
-    are kept (extrapolated), those turning less than ``beta_slow`` times are
-    interpolated by ``factor``, with a linear ramp between. The attention factor
-    ``0.1 ln(factor) + 1`` multiplies cos and sin (hence scores by its square), as in
-    the paper and Hugging Face's ``_compute_yarn_parameters``.
-    """
-    factor = check_positive_float("factor", factor)
-    check_positive_int("original_max_position", original_max_position)
-    beta_fast = check_positive_float("beta_fast", beta_fast)
-    beta_slow = check_positive_float("beta_slow", beta_slow)
-    if beta_fast <= beta_slow:
-        raise ValueError(
-            f"beta_fast must be > beta_slow (rotations of the fastest kept pair vs the slowest "
-            f"interpolated one), got beta_fast={beta_fast}, beta_slow={beta_slow}"
-        )
-    if base <= 1:
-        raise ValueError(f"base must be > 1 for YaRN (its ramp divides by log(base)), got {base}")
-    if attention_factor is None:
-        attention_factor = 0.1 * math.log(factor) + 1.0 if factor > 1 else 1.0
-    else:
-        attention_factor = check_positive_float("attention_factor", attention_factor)
-
-    def correction_dim(n_rotations: float) -> float:
-        # the pair index i whose wavelength fits n_rotations times in the original context
-        return (dim * math.log(original_max_position / (n_rotations * 2 * math.pi))) / (
-            2 * math.log(base)
-        )
-
-    low = max(math.floor(correction_dim(beta_fast)), 0)
-    high = min(math.ceil(correction_dim(beta_slow)), dim - 1)
-    if low == high:
-        high += 0.001  # avoid a zero-width ramp
-    ramp = ((torch.arange(dim // 2, dtype=torch.float32, device=device) - low) / (high - low))
-    extrapolate = 1.0 - ramp.clamp(0.0, 1.0)  # 1: keep the frequency, 0: interpolate it
-    theta = inv_freq(dim, base, device=device)
-    return theta / factor * (1 - extrapolate) + theta * extrapolate, float(attention_factor)
-
-
-#: The registry of RoPE scaling rules, by name; each is
-#: ``fn(dim, base, **params) -> (inv_freq, attention_factor)``.
+#: The registry of RoPE scaling rules, by name (see :mod:`tutorial_pkg.rope_scaling`);
+#: each is ``fn(dim, base, **params) -> (inv_freq, attention_factor)``, and the rules
+#: that depend on the current length (``"dynamic"``, ``"longrope"``) take ``seq_len``.
+#: Add an entry to make a new rule available to :func:`scaled_inv_freq` and
+#: :class:`RotaryEmbedding`.
 ROPE_SCALINGS: dict[str, Callable[..., tuple[torch.Tensor, float]]] = {
-    "none": _no_scaling,
-    "linear": _linear_scaling,
-    "ntk": _ntk_scaling,
-    "yarn": _yarn_scaling,
+    "none": no_scaling,
+    "linear": linear_scaling,
+    "ntk": ntk_scaling,
+    "dynamic": dynamic_ntk_scaling,
+    "yarn": yarn_scaling,
+    "longrope": longrope_scaling,
+    "llama3": llama3_scaling,
 }
 
 
+def _depends_on_length(rule) -> bool:
+    return "seq_len" in inspect.signature(rule).parameters
+
+
 def scaled_inv_freq(
-    dim: int, base: float = 10000.0, scaling: dict | None = None, *, device=None
+    dim: int,
+    base: float = 10000.0,
+    scaling: dict | None = None,
+    *,
+    seq_len: int | None = None,
+    device=None,
 ) -> tuple[torch.Tensor, float]:
     """Inverse frequencies after a context-extension rule, and its attention factor.
 
@@ -182,9 +126,20 @@ def scaled_inv_freq(
         dim: rotary dimension (even).
         base: RoPE base.
         scaling: ``None`` or a dict ``{"type": name, **params}`` with ``name`` in
-            :data:`ROPE_SCALINGS`: ``{"type": "linear", "factor": 4}``,
+            :data:`ROPE_SCALINGS` and the parameters of that rule
+            (:mod:`tutorial_pkg.rope_scaling`): ``{"type": "linear", "factor": 4}``,
             ``{"type": "ntk", "factor": 4}``,
-            ``{"type": "yarn", "factor": 4, "original_max_position": 2048}``.
+            ``{"type": "dynamic", "factor": 4, "original_max_position": 2048}``,
+            ``{"type": "yarn", "factor": 4, "original_max_position": 2048}``,
+            ``{"type": "longrope", "short_factor": [...], "long_factor": [...],
+            "original_max_position": 4096, "factor": 32}``,
+            ``{"type": "llama3", "factor": 8, "low_freq_factor": 1,
+            "high_freq_factor": 4, "original_max_position": 8192}``.
+            :func:`~tutorial_pkg.rope_config.read_rope_config` builds it from a
+            Hugging Face config.
+        seq_len: current sequence length, for the rules that depend on it
+            (``"dynamic"``, ``"longrope"``); ignored by the others. ``None``: the
+            original length.
 
     Returns:
         ``(inv_freq (dim // 2,) float32, attention_factor float)``.
@@ -192,12 +147,16 @@ def scaled_inv_freq(
     check_even("dim", dim)
     base = check_positive_float("base", base)
     if scaling is None:
-        return _no_scaling(dim, base, device=device)
+        return no_scaling(dim, base, device=device)
     if not isinstance(scaling, dict) or "type" not in scaling:
         raise TypeError(f"scaling must be None or a dict with a 'type' key, got {scaling!r}")
     params = dict(scaling)
     kind = check_choice("scaling['type']", params.pop("type"), ROPE_SCALINGS)
     rule = ROPE_SCALINGS[kind]
+    if "seq_len" in params:
+        raise ValueError("scaling must not hold 'seq_len' (the current length is an argument)")
+    if _depends_on_length(rule):
+        params["seq_len"] = seq_len
     try:  # unknown or missing parameter for this rule (a wrong value raises in the rule)
         inspect.signature(rule).bind(dim, base, device=device, **params)
     except TypeError as err:
@@ -302,7 +261,8 @@ def _apply_rope_fast(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layo
 
     * half layout: ``out = x * [cos, cos]``, then ``out[:, :r/2] -= x2 sin`` and
       ``out[:, r/2:] += x1 sin`` in place (``addcmul_``): three kernels, one
-      allocation;
+      allocation; on a CPU, for large ``x`` without autograd, run block by block
+      (:func:`_rope_half_chunked`) so that the tensors cross memory about once;
     * interleaved layout in float32/float64: one complex multiplication, the
       pairs ``(x[2i], x[2i+1])`` viewed as complex numbers (Meta's form);
       otherwise the three-kernel form on strided views.
@@ -315,6 +275,8 @@ def _apply_rope_fast(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layo
         return apply_rope(x, cos, sin, layout)
     c, s = cos.to(x.dtype), sin.to(x.dtype)
     if layout == "half":
+        if _chunkable(x, c):
+            return _rope_half_chunked(x, c, s)
         out = x * torch.cat((c, c), dim=-1)
         out[..., :half].addcmul_(x[..., half:], s, value=-1)
         out[..., half:].addcmul_(x[..., :half], s)
@@ -331,6 +293,61 @@ def _apply_rope_fast(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layo
     out = x * torch.stack((c, c), dim=-1).flatten(-2)
     out[..., 0::2].addcmul_(x[..., 1::2], s, value=-1)
     out[..., 1::2].addcmul_(x[..., 0::2], s)
+    return out
+
+
+#: Bytes of ``x`` per block of the chunked CPU rotation: a block of ``x`` and of the
+#: output (2 x 256 KiB) stay in a core's L2 cache (512 KiB and up on current x86 CPUs).
+_ROPE_CHUNK_BYTES = 256 * 1024
+
+
+def _chunkable(x: torch.Tensor, cos: torch.Tensor) -> bool:
+    """Whether :func:`_rope_half_chunked` applies: a large contiguous CPU ``x``, one
+    ``[s, h_d/2]`` table for every leading index, and no autograd (``out=`` has none)."""
+    return (
+        x.device.type == "cpu"
+        and cos.dim() == 2
+        and x.dim() >= 2
+        and cos.shape[0] == x.shape[-2]
+        and x.is_contiguous()
+        and x.numel() * x.element_size() > 2 * _ROPE_CHUNK_BYTES
+        and not (torch.is_grad_enabled() and (x.requires_grad or cos.requires_grad))
+    )
+
+
+def _rope_half_chunked(x: torch.Tensor, c: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
+    """The three-kernel half-layout rotation of :func:`_apply_rope_fast`, block by block.
+
+    ``x`` ``[..., s, h_d]`` contiguous, ``c``/``s`` ``[s, h_d/2]`` in ``x``'s dtype. The
+    same three kernels per element (``x * [cos, cos]``, then two ``addcmul_``), so the
+    same bits, but run on blocks of about :data:`_ROPE_CHUNK_BYTES` written into one
+    preallocated output: the first kernel streams a block from memory and the two
+    others find it in cache, so ``x`` and the output cross the memory bus about once,
+    as in a copy, instead of three times.
+    """
+    seq, dim = x.shape[-2], x.shape[-1]
+    half = dim // 2
+    out = torch.empty_like(x)
+    row_bytes = dim * x.element_size()
+    per_slice = max(1, _ROPE_CHUNK_BYTES // (seq * row_bytes))  # whole [s, h_d] slices
+    step = seq if per_slice > 1 else max(1, _ROPE_CHUNK_BYTES // row_bytes)  # or positions
+
+    def blocks(t: torch.Tensor) -> list[torch.Tensor]:
+        # every block's view made up front (split is one call), not sliced in the loop
+        return [b for sl in t.view(-1, seq, t.shape[-1]).split(per_slice)
+                for b in sl.split(step, dim=1)]
+
+    xs, outs = x.view(-1, seq, dim), out.view(-1, seq, dim)
+    n_pos = len(range(0, seq, step))
+    tables = list(zip(torch.cat((c, c), dim=-1).split(step), s.split(step), strict=True))
+    for i, (xb, x1, x2, ob, o1, o2) in enumerate(zip(
+        blocks(xs), blocks(xs[..., :half]), blocks(xs[..., half:]),
+        blocks(outs), blocks(outs[..., :half]), blocks(outs[..., half:]), strict=True,
+    )):
+        cc, sb = tables[i % n_pos]
+        torch.mul(xb, cc, out=ob)
+        o1.addcmul_(x2, sb, value=-1)
+        o2.addcmul_(x1, sb)
     return out
 
 
@@ -505,7 +522,18 @@ class RotaryEmbedding(nn.Module):
         base: RoPE base ("theta").
         rotary_dim: features rotated per head (even, <= ``head_dim``); default all.
         layout: ``"half"`` (Hugging Face) or ``"interleaved"`` (Meta).
-        scaling: context extension, see :func:`scaled_inv_freq`.
+        scaling: context extension, see :func:`scaled_inv_freq`. Rules that depend on
+            the current length (``"dynamic"``, ``"longrope"``) are re-evaluated at
+            each call for ``seq_len`` = the largest position + 1, as Hugging Face's
+            ``dynamic_rope_update`` does: ``"longrope"`` uses its long factors when
+            ``seq_len > original_max_position``; ``"dynamic"`` grows its base when
+            ``seq_len`` exceeds the largest length seen so far and returns to the
+            original base when ``seq_len < original_max_position``. Keys already
+            in a KV cache keep the angles they were rotated with.
+        p_rope: p-RoPE's ``p`` (Barbero et al., 2025): only the highest fraction
+            ``p`` of the frequencies rotate, the other pairs pass unrotated
+            (:func:`~tutorial_pkg.rope_scaling.p_rope_inv_freq`); ``None`` or 1:
+            all rotate. Applied after ``scaling``.
         max_position: optional hard limit; positions >= it raise ``ValueError``.
         fused: rotate (half layout, full rotary) with one ``torch.compile``-d
             kernel that reads ``x`` once and writes the result once (each element
@@ -531,6 +559,7 @@ class RotaryEmbedding(nn.Module):
         rotary_dim: int | None = None,
         layout: str = "half",
         scaling: dict | None = None,
+        p_rope: float | None = None,
         max_position: int | None = None,
         fused: bool = False,
     ) -> None:
@@ -547,23 +576,77 @@ class RotaryEmbedding(nn.Module):
         if not isinstance(fused, bool):
             raise TypeError(f"fused must be a bool, got {type(fused).__name__}")
         self.fused = fused
+        if p_rope is not None:
+            p_rope_inv_freq(torch.ones(1), p_rope)  # checks p_rope in [0, 1]
+            p_rope = float(p_rope)
+        self.p_rope = p_rope
         self._fused_cs: dict = {}  # (dtype, device) -> stacked cos/sin for the fused kernel
         self.register_buffer("inv_freq", torch.empty(0), persistent=False)
         self.register_buffer("cos_cached", torch.empty(0, self.rotary_dim // 2), persistent=False)
         self.register_buffer("sin_cached", torch.empty(0, self.rotary_dim // 2), persistent=False)
         self.set_scaling(scaling)
 
+    @classmethod
+    def from_config(cls, config, layer_type: str | None = None, **kwargs) -> RotaryEmbedding:
+        """The RoPE of a Hugging Face model config (dict or ``PretrainedConfig``).
+
+        Reads it with :func:`~tutorial_pkg.rope_config.read_rope_config` (which raises
+        ``ValueError`` naming an unknown ``rope_type``, an unknown key or a missing
+        one); ``layer_type`` picks one entry of a per-layer-type ``rope_parameters``
+        (Gemma 3: ``"full_attention"`` / ``"sliding_attention"``). ``kwargs``
+        (``max_position``, ``fused``, ``layout``) go to the constructor.
+        """
+        from .rope_config import read_rope_config
+
+        return cls(**{**read_rope_config(config, layer_type=layer_type).kwargs(), **kwargs})
+
     def set_scaling(self, scaling: dict | None) -> None:
         """Change the context-extension rule (e.g. at evaluation time); clears the cache."""
-        device = self.inv_freq.device
-        theta, self.attention_factor = scaled_inv_freq(
-            self.rotary_dim, self.base, scaling, device=device
+        theta, factor = scaled_inv_freq(
+            self.rotary_dim, self.base, scaling, device=self.inv_freq.device
         )
         self.scaling = None if scaling is None else dict(scaling)
-        self.inv_freq = theta
+        rule = ROPE_SCALINGS[scaling["type"]] if scaling is not None else None
+        # for a length-dependent rule: the original length, and the length its
+        # current frequencies were computed for (None: the original ones)
+        self._length_rule = None
+        if rule is not None and _depends_on_length(rule):
+            self._length_rule = (scaling["type"], scaling.get("original_max_position"))
+        self._freq_len = None
+        self._set_frequencies(theta, factor)
+
+    def _set_frequencies(self, theta: torch.Tensor, attention_factor: float) -> None:
+        device = self.inv_freq.device
+        if self.p_rope is not None:
+            theta = p_rope_inv_freq(theta, self.p_rope)
+        self.inv_freq, self.attention_factor = theta.to(device), attention_factor
         self.cos_cached = torch.empty(0, self.rotary_dim // 2, device=device)
         self.sin_cached = torch.empty(0, self.rotary_dim // 2, device=device)
         self._fused_cs = {}
+
+    def _follow_length(self, end: int) -> None:
+        """Re-evaluate a length-dependent rule for ``seq_len = end`` (Hugging Face's
+        ``dynamic_rope_update``); nothing for the other rules."""
+        if self._length_rule is None or end <= 0:
+            return
+        kind, original = self._length_rule
+        if kind == "longrope":  # long factors past the original length, short ones up to it
+            current = self._freq_len is not None
+            want = end > original
+            if want != current:
+                self._recompute(end if want else None)
+            return
+        cached = original if self._freq_len is None else self._freq_len
+        if end > cached:  # growth: the base for this length
+            self._recompute(end)
+        elif end < original < cached:  # back under the original length: original base
+            self._recompute(None)
+
+    def _recompute(self, seq_len: int | None) -> None:
+        theta, factor = scaled_inv_freq(self.rotary_dim, self.base, self.scaling,
+                                        seq_len=seq_len, device=self.inv_freq.device)
+        self._set_frequencies(theta, factor)
+        self._freq_len = seq_len
 
     def _apply(self, fn, *args, **kwargs):
         # .half()/.to(torch.bfloat16) would round inv_freq (angle error ~ m * 2**-9 rad)
@@ -612,6 +695,7 @@ class RotaryEmbedding(nn.Module):
             raise ValueError(
                 f"positions must be < max_position={self.max_position}, got up to {end - 1}"
             )
+        self._follow_length(end)
         self._grow(end, torch.device(device))
         return slice(start, end) if positions is None else positions
 
@@ -666,6 +750,8 @@ class RotaryEmbedding(nn.Module):
                 raise ValueError(
                     f"positions must be < max_position={self.max_position}, got up to {end - 1}"
                 )
+        if self._length_rule is not None:  # reads the largest position back, as HF does
+            self._follow_length(int(positions.max()) + 1)
         inv = self.inv_freq.to(x.device)
         angles = positions.to(inv.dtype)[..., None] * inv
         return angles.cos() * self.attention_factor, angles.sin() * self.attention_factor, None
@@ -741,4 +827,5 @@ class RotaryEmbedding(nn.Module):
         return (
             f"head_dim={self.head_dim}, rotary_dim={self.rotary_dim}, base={self.base:g}, "
             f"layout={self.layout!r}, scaling={self.scaling}"
-        ) + (", fused=True" if self.fused else "")
+        ) + (f", p_rope={self.p_rope:g}" if self.p_rope is not None else "") + (
+            ", fused=True" if self.fused else "")
