@@ -7,6 +7,8 @@ module             chapter
 =================  ==============================================================
 ``sinusoidal``     1. Sinusoidal encoding
 ``rope``           2. RoPE
+``rope_scaling``   8. Modern recipes (every Hugging Face ``rope_type``, p-RoPE)
+``rope_config``    8. Modern recipes (reading a model's config)
 ``alibi``          3. ALiBi
 ``encodings``      4. Attention layers (the interface) and 6. Hybrid
 ``attention``      4. Attention layers
@@ -58,6 +60,18 @@ from .rope import (
     rotate_half,
     scaled_inv_freq,
 )
+from .rope_config import HF_ROPE_TYPES, RopeConfig, read_rope_config
+from .rope_scaling import (
+    dynamic_ntk_scaling,
+    linear_scaling,
+    llama3_scaling,
+    longrope_scaling,
+    no_scaling,
+    ntk_scaling,
+    p_rope_inv_freq,
+    yarn_mscale,
+    yarn_scaling,
+)
 from .schedules import LayerSchedule, LocalGlobal, NoPEEvery, PerLayer
 from .sinusoidal import SinusoidalPositionalEmbedding, sinusoidal_frequencies, sinusoidal_table
 
@@ -94,6 +108,20 @@ __all__ = [
     "interleaved_to_half",
     "half_to_interleaved",
     "RotaryEmbedding",
+    # rope_scaling
+    "no_scaling",
+    "linear_scaling",
+    "ntk_scaling",
+    "dynamic_ntk_scaling",
+    "yarn_scaling",
+    "yarn_mscale",
+    "longrope_scaling",
+    "llama3_scaling",
+    "p_rope_inv_freq",
+    # rope_config
+    "HF_ROPE_TYPES",
+    "RopeConfig",
+    "read_rope_config",
     # alibi
     "ALIBI_MODES",
     "alibi_slopes",

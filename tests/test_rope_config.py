@@ -1,0 +1,187 @@
+"""The config reader on real-shaped Hugging Face configs, in both forms, and bad configs.
+
+The dicts copy the RoPE-related keys of the models' ``config.json`` files (Llama 3.1
+8B, Qwen2.5-7B-Instruct with the YaRN block its model card suggests, Phi-3-mini-128k,
+DeepSeek-V3, Gemma 3 4B); longrope's per-dimension lists are real-shaped (48 monotone
+values), not Phi-3's exact numbers.
+"""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from tutorial_pkg import RopeConfig, RotaryEmbedding, read_rope_config, scaled_inv_freq
+
+LLAMA31_8B = {
+    "hidden_size": 4096, "num_attention_heads": 32, "head_dim": 128,
+    "max_position_embeddings": 131072, "rope_theta": 500000.0,
+    "rope_scaling": {"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                     "original_max_position_embeddings": 8192, "rope_type": "llama3"},
+}
+QWEN25_7B_YARN = {
+    "hidden_size": 3584, "num_attention_heads": 28, "max_position_embeddings": 32768,
+    "rope_theta": 1000000.0,
+    "rope_scaling": {"factor": 4.0, "original_max_position_embeddings": 32768, "type": "yarn"},
+}
+PHI3_MINI_128K = {
+    "hidden_size": 3072, "num_attention_heads": 32, "max_position_embeddings": 131072,
+    "original_max_position_embeddings": 4096, "rope_theta": 10000.0,
+    "rope_scaling": {"type": "longrope",
+                     "short_factor": [1.0 + 0.01 * i for i in range(48)],
+                     "long_factor": [1.0 + 1.2 * i for i in range(48)]},
+}
+DEEPSEEK_V3 = {
+    "hidden_size": 7168, "num_attention_heads": 128, "qk_rope_head_dim": 64,
+    "qk_nope_head_dim": 128, "v_head_dim": 128, "max_position_embeddings": 163840,
+    "rope_theta": 10000, "rope_interleave": True,
+    "rope_scaling": {"beta_fast": 32, "beta_slow": 1, "factor": 40, "mscale": 1.0,
+                     "mscale_all_dim": 1.0, "original_max_position_embeddings": 4096,
+                     "type": "yarn"},
+}
+GEMMA3_4B_NEW = {
+    "hidden_size": 2560, "num_attention_heads": 8, "head_dim": 256,
+    "max_position_embeddings": 131072,
+    "rope_parameters": {
+        "full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1000000.0},
+        "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+    },
+}
+GEMMA3_4B_OLD = {
+    "hidden_size": 2560, "num_attention_heads": 8, "head_dim": 256,
+    "max_position_embeddings": 131072, "rope_theta": 1000000.0, "rope_local_base_freq": 10000.0,
+    "rope_scaling": {"factor": 8.0, "rope_type": "linear"},
+}
+
+
+def to_new_form(config):
+    """The transformers-5 form: RoPE keys moved into ``rope_parameters``."""
+    out = {k: v for k, v in config.items() if k not in ("rope_theta", "rope_scaling")}
+    out["rope_parameters"] = {**(config.get("rope_scaling") or {"rope_type": "default"}),
+                              "rope_theta": config["rope_theta"]}
+    return out
+
+
+def test_llama31_in_both_forms():
+    cfg = read_rope_config(LLAMA31_8B)
+    assert cfg == RopeConfig(head_dim=128, base=500000.0, rotary_dim=128, layout="half",
+                             scaling={"type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                                      "high_freq_factor": 4.0, "original_max_position": 8192},
+                             rope_type="llama3", max_position_embeddings=131072)
+    assert read_rope_config(to_new_form(LLAMA31_8B)) == cfg
+    rope = RotaryEmbedding.from_config(LLAMA31_8B)
+    torch.testing.assert_close(rope.inv_freq, scaled_inv_freq(128, 500000.0, cfg.scaling)[0])
+    assert rope.inv_freq[0] == 1.0 and rope.attention_factor == 1.0
+
+
+def test_qwen_yarn_with_the_legacy_type_key():
+    cfg = read_rope_config(QWEN25_7B_YARN)
+    assert cfg.head_dim == 128 and cfg.base == 1e6 and cfg.rope_type == "yarn"
+    assert cfg.scaling["factor"] == 4.0 and cfg.scaling["original_max_position"] == 32768
+    rope = RotaryEmbedding.from_config(QWEN25_7B_YARN)
+    assert rope.attention_factor == pytest.approx(0.1 * math.log(4) + 1)
+    assert read_rope_config(to_new_form(QWEN25_7B_YARN)) == cfg
+
+
+def test_phi3_longrope_reads_the_top_level_original_length():
+    cfg = read_rope_config(PHI3_MINI_128K)
+    assert cfg.head_dim == 96 and cfg.scaling["original_max_position"] == 4096
+    assert cfg.scaling["factor"] == 32.0  # max_position_embeddings / original
+    rope = RotaryEmbedding.from_config(PHI3_MINI_128K)
+    assert rope.attention_factor == pytest.approx(math.sqrt(1 + math.log(32) / math.log(4096)))
+    theta = 10000.0 ** -(np.arange(0, 96, 2) / 96)
+    short = np.array(PHI3_MINI_128K["rope_scaling"]["short_factor"])
+    np.testing.assert_allclose(rope.inv_freq.double().numpy(), theta / short, rtol=2e-7)
+
+
+def test_deepseek_v3_decoupled_rope_head_and_interleaved_layout():
+    cfg = read_rope_config(DEEPSEEK_V3)
+    assert cfg.head_dim == 64 and cfg.rotary_dim == 64 and cfg.layout == "interleaved"
+    assert cfg.scaling["mscale"] == 1.0 and cfg.scaling["factor"] == 40
+    assert RotaryEmbedding.from_config(DEEPSEEK_V3).attention_factor == 1.0
+
+
+def test_gemma3_two_bases_per_layer_type_in_both_forms():
+    for config in (GEMMA3_4B_NEW, GEMMA3_4B_OLD):
+        full = read_rope_config(config, layer_type="full_attention")
+        local = read_rope_config(config, layer_type="sliding_attention")
+        assert (full.base, full.scaling) == (1e6, {"type": "linear", "factor": 8.0})
+        assert (local.base, local.scaling, local.rope_type) == (1e4, None, "default")
+    with pytest.raises(ValueError, match="layer_type"):
+        read_rope_config(GEMMA3_4B_NEW)
+    with pytest.raises(ValueError, match="chunked_attention"):
+        read_rope_config(GEMMA3_4B_NEW, layer_type="chunked_attention")
+    old_full = read_rope_config(GEMMA3_4B_OLD)  # no layer type: the global (scaled) RoPE
+    assert old_full.base == 1e6
+
+
+def test_partial_rotary_factor_and_proportional():
+    neox = {"hidden_size": 2560, "num_attention_heads": 32, "rope_theta": 10000.0,
+            "partial_rotary_factor": 0.25}
+    assert read_rope_config(neox).rotary_dim == 20
+    new = {"head_dim": 64, "rope_parameters": {"rope_type": "default", "rope_theta": 1e4,
+                                               "partial_rotary_factor": 0.5}}
+    assert read_rope_config(new).rotary_dim == 32
+    prop = {"head_dim": 64, "rope_parameters": {"rope_type": "proportional",
+                                                "rope_theta": 1e4, "partial_rotary_factor": 0.25}}
+    cfg = read_rope_config(prop)
+    assert (cfg.rotary_dim, cfg.p_rope, cfg.scaling) == (64, 0.25, None)
+    rope = RotaryEmbedding.from_config(prop)
+    assert int((rope.inv_freq > 0).sum()) == 8
+
+
+def test_dynamic_uses_max_position_embeddings():
+    config = {"head_dim": 64, "rope_theta": 1e4, "max_position_embeddings": 2048,
+              "rope_scaling": {"rope_type": "dynamic", "factor": 2.0}}
+    assert read_rope_config(config).scaling == {"type": "dynamic", "factor": 2.0,
+                                                "original_max_position": 2048}
+
+
+def test_accepts_an_object_with_to_dict():
+    class Config:
+        def to_dict(self):
+            return dict(LLAMA31_8B)
+
+    assert read_rope_config(Config()) == read_rope_config(LLAMA31_8B)
+    with pytest.raises(TypeError, match="config"):
+        read_rope_config([1, 2])
+
+
+@pytest.mark.parametrize("change, match", [
+    (lambda c: c["rope_scaling"].update(rope_type="llama4"), "llama4"),
+    (lambda c: c["rope_scaling"].update(factr=8.0), "factr"),
+    (lambda c: c["rope_scaling"].pop("low_freq_factor"), "low_freq_factor"),
+    (lambda c: c.pop("rope_theta"), "rope_theta"),
+    (lambda c: c["rope_scaling"].update(type="yarn"), "type"),
+    (lambda c: c["rope_scaling"].update(factor=-8.0), "factor"),
+    (lambda c: c["rope_scaling"].update(high_freq_factor=0.5), "high_freq_factor"),
+    (lambda c: c.update(head_dim=None, hidden_size=None), "hidden_size"),
+    (lambda c: c.update(partial_rotary_factor=0.15), "rotary dimension"),
+    (lambda c: c.update(partial_rotary_factor=1.5), "partial_rotary_factor"),
+    # the rename bug: the new key holds the default, the old one the real scaling
+    (lambda c: c.update(rope_parameters={"rope_type": "default", "rope_theta": 500000.0}),
+     "rope_parameters"),
+    (lambda c: c.update(rope_scaling="llama3"), "rope_scaling"),
+])
+def test_bad_configs_raise_naming_the_key(change, match):
+    config = {**LLAMA31_8B, "rope_scaling": dict(LLAMA31_8B["rope_scaling"])}
+    change(config)
+    with pytest.raises(ValueError, match=match):
+        read_rope_config(config)
+
+
+def test_missing_lengths_and_none_layer():
+    with pytest.raises(ValueError, match="original_max_position_embeddings"):
+        read_rope_config({"head_dim": 64, "rope_theta": 1e4,
+                          "rope_scaling": {"rope_type": "yarn", "factor": 4.0}})
+    with pytest.raises(ValueError, match="max_position_embeddings"):
+        read_rope_config({"head_dim": 64, "rope_theta": 1e4,
+                          "rope_scaling": {"rope_type": "dynamic", "factor": 4.0}})
+    nope = {"head_dim": 64, "rope_parameters": {"full_attention": None,
+                                                "sliding_attention": {"rope_theta": 1e4}}}
+    with pytest.raises(ValueError, match="no RoPE"):
+        read_rope_config(nope, layer_type="full_attention")
+    assert read_rope_config(nope, layer_type="sliding_attention").base == 1e4
+    with pytest.raises(TypeError, match="layer_type"):
+        read_rope_config(LLAMA31_8B, layer_type=1)
