@@ -343,3 +343,10 @@ def test_nothing_is_nan_for_extreme_lengths():
         rope = RotaryEmbedding(8, scaling=scaling)
         out = rope.rotate(torch.ones(1, 1, 3, 8), torch.tensor([0, 5000, 100000]))
         assert bool(torch.isfinite(out).all()) and bool(torch.isfinite(rope.inv_freq).all())
+
+
+def test_rotary_encoding_passes_p_rope():
+    from tutorial_pkg import Rotary
+
+    enc = Rotary(16, p_rope=0.5)
+    assert enc.rope.p_rope == 0.5 and int((enc.rope.inv_freq == 0).sum()) == 4

@@ -230,6 +230,8 @@ class Rotary(PositionEncoding):
         rotary_dim: rotated features per head (default all).
         layout: ``"half"`` (Hugging Face) or ``"interleaved"`` (Meta).
         scaling: context extension rule, e.g. ``{"type": "yarn", "factor": 4, ...}``.
+        p_rope: p-RoPE's fraction of rotating frequencies (see
+            :class:`~tutorial_pkg.rope.RotaryEmbedding`); None: all rotate.
         max_position: optional hard limit on positions.
         fused: one compiled kernel for the rotation (see
             :class:`~tutorial_pkg.rope.RotaryEmbedding`).
@@ -246,13 +248,14 @@ class Rotary(PositionEncoding):
         rotary_dim: int | None = None,
         layout: str = "half",
         scaling: dict | None = None,
+        p_rope: float | None = None,
         max_position: int | None = None,
         fused: bool = False,
     ) -> None:
         super().__init__()
         self.rope = RotaryEmbedding(
             head_dim, base, rotary_dim=rotary_dim, layout=layout, scaling=scaling,
-            max_position=max_position, fused=fused,
+            p_rope=p_rope, max_position=max_position, fused=fused,
         )
         self.head_dim = self.rope.head_dim
         self.max_positions = self.rope.max_position
