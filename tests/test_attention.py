@@ -22,7 +22,7 @@ from tutorial_pkg.encodings import ALiBi, Hybrid, make_encoding
 D_MODEL, N_HEADS, N_KV, SEQ = 32, 4, 2, 8
 ENCODINGS = [
     "nope", "sinusoidal", "learned", "rope", "alibi", "hybrid", "hybrid_alpha",
-    "hybrid_learnable",
+    "hybrid_learnable", "t5",
 ]
 HAS_FLEX = backends.flex_available()[0]
 # Set TUTORIAL_PKG_SKIP_SLOW=1 to skip the torch.compile test (inductor codegen, ~5-15 s).
@@ -46,6 +46,8 @@ def build_encoding(key: str, causal: bool = True, d_model=D_MODEL, n_heads=N_HEA
         return make_encoding("learned", max_len=64, **kw)
     if key == "alibi":
         return make_encoding("alibi", mode=mode, **kw)
+    if key == "t5":  # learned; a large init so that the bias matters in the comparisons
+        return make_encoding("t5", n_heads=n_heads, bidirectional=not causal, init_std=1.0)
     if key == "alibi_key_only":  # the causal bias without its per-query constant
         return make_encoding("alibi", mode="key_only", **kw)
     if key.startswith("hybrid"):

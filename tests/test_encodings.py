@@ -22,7 +22,9 @@ from tutorial_pkg.encodings import (
     Sinusoidal,
     make_encoding,
 )
+from tutorial_pkg.relative_bias import T5RelativeBias
 from tutorial_pkg.rope import RotaryEmbedding
+from tutorial_pkg.schedules import LocalGlobal, NoPEEvery
 from tutorial_pkg.sinusoidal import sinusoidal_table
 
 D_MODEL, N_HEADS, HEAD_DIM = 16, 4, 4
@@ -35,7 +37,9 @@ def randn(*shape, seed=0):
 
 
 def test_registry_names_and_classes():
-    assert set(ENCODINGS) == {"nope", "sinusoidal", "learned", "rope", "alibi", "hybrid"}
+    # every encoding of the book (other modules may register more, e.g. a test's own)
+    assert {"nope", "sinusoidal", "learned", "rope", "alibi", "hybrid", "t5", "irope",
+            "local_global"} <= set(ENCODINGS)
     for name, cls in ENCODINGS.items():
         assert cls.name == name and issubclass(cls, PositionEncoding)
 
@@ -49,6 +53,9 @@ def test_registry_names_and_classes():
         ("rope", Rotary, {"base": 500000.0}),
         ("alibi", ALiBi, {"mode": "symmetric"}),
         ("hybrid", Hybrid, {"mix": "alpha", "alpha": 0.25}),
+        ("t5", T5RelativeBias, {"num_buckets": 16}),
+        ("irope", NoPEEvery, {"every": 3}),
+        ("local_global", LocalGlobal, {"window": 64}),
     ],
 )
 def test_make_encoding_builds_each_class_from_model_sizes(name, cls, kwargs):

@@ -27,9 +27,15 @@ pytestmark = [
 ]
 
 
+# per-layer schedules sized so that both kinds of layer occur in 2 layers, the window
+# (3 tokens) shorter than the rows; T5's bias initialised large enough to matter
+SCHEDULE_KWARGS = {"irope": {"every": 2}, "local_global": {"pattern": 2, "window": 3},
+                   "t5": {"init_std": 1.0}}
+
+
 def tiny(encoding: str, backend: str) -> TinyLM:
     model = TinyLM(encoding, d_model=32, n_layers=2, n_heads=4, max_len=64, backend=backend,
-                   n_kv_heads=2, seed=3)
+                   n_kv_heads=2, seed=3, encoding_kwargs=SCHEDULE_KWARGS.get(encoding))
     return model.eval()
 
 
@@ -48,7 +54,8 @@ def test_positions_from_documents_restart_per_document():
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize("encoding", ["rope", "alibi", "hybrid", "sinusoidal", "learned", "nope"])
+@pytest.mark.parametrize("encoding", ["rope", "alibi", "hybrid", "sinusoidal", "learned", "nope",
+                                      "t5", "irope", "local_global"])
 def test_left_padded_decoding_with_kv_cache_equals_each_row_alone(encoding, backend):
     torch.manual_seed(0)
     model = tiny(encoding, backend)
@@ -83,7 +90,8 @@ def test_left_padded_decoding_with_kv_cache_equals_each_row_alone(encoding, back
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize("encoding", ["rope", "alibi", "hybrid", "sinusoidal", "learned", "nope"])
+@pytest.mark.parametrize("encoding", ["rope", "alibi", "hybrid", "sinusoidal", "learned", "nope",
+                                      "t5", "irope", "local_global"])
 def test_packed_documents_equal_each_document_alone(encoding, backend):
     torch.manual_seed(0)
     model = tiny(encoding, backend)
