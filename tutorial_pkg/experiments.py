@@ -46,7 +46,7 @@ from tqdm import tqdm
 
 from ._checks import check_choice, check_positive_float, check_positive_int
 from .data import batch_iterator, eval_windows, load_splits
-from .encodings import ENCODINGS, PositionEncoding
+from .encodings import ENCODINGS, Hybrid, PositionEncoding
 from .model import TinyLM
 
 __all__ = [
@@ -62,6 +62,13 @@ __all__ = [
     "evaluate",
     "run_extrapolation",
     "format_table",
+    "retrieval_test",
+    "copy_distances",
+    "summarize_seeds",
+    "TASKS",
+    "task_batch",
+    "train_task",
+    "HalfSlopeHybrid",
 ]
 
 #: RoPE scaling rules :func:`run_extrapolation` can apply at evaluation time.
@@ -658,3 +665,321 @@ def format_table(
     for note, encs in notes.items():
         out.append(f"n/a: {', '.join(encs)}: {note}")
     return "\n".join(out)
+
+
+
+# --------------------------------------------------------------------------- retrieval
+
+
+def copy_distances(train_len: int, segment_len: int | None = None) -> tuple[int, ...]:
+    """The copy distances chapter 7 tests: ``L/2`` (inside ``L``), ``2L``, ``4L`` and ``8L - s``.
+
+    ``s = segment_len`` (default ``L // 4``); the longest window, ``8L - s + s = 8L``, is the
+    longest evaluation length of :class:`ExperimentConfig`'s default multiples.
+    """
+    check_positive_int("train_len", train_len)
+    s = train_len // 4 if segment_len is None else check_positive_int("segment_len", segment_len)
+    return (train_len // 2, 2 * train_len, 4 * train_len, 8 * train_len - s)
+
+
+@torch.no_grad()
+def retrieval_test(
+    model: TinyLM,
+    heldout_ids: torch.Tensor,
+    distances: Sequence[int],
+    *,
+    segment_len: int = 16,
+    n_trials: int = 64,
+    batch_tokens: int = 8192,
+    seed: int = 0,
+    encoding_name: str | None = None,
+) -> list[dict]:
+    """Can the model copy a segment it saw ``d`` tokens earlier? A copy test past ``L``.
+
+    For each distance ``d`` and each of ``n_trials`` trials, three held-out chunks are
+    drawn (a segment ``A`` and a control segment ``B`` of ``segment_len = s`` tokens,
+    a filler of ``d - s`` tokens) and two windows of ``d + s`` tokens are scored:
+
+    * **copy**: ``A + filler + A``: the second ``A`` repeats the first, ``d`` tokens back;
+    * **control**: ``B + filler + A``: the same tokens at the same positions, nothing to copy.
+
+    The scored targets are the last ``s - 1`` tokens of the second ``A`` (its first token
+    cannot be known to start a copy). A model that retrieves from ``d`` tokens back
+    predicts them far better in the copy window (``nll_copy`` near 0) than in the control
+    window, whose loss is the ordinary language-model loss: ``gain = nll_control -
+    nll_copy`` (nats per token) measures retrieval, with position effects cancelled.
+    The chunks come from a ``torch.Generator`` seeded with ``seed``, so every model sees
+    the same windows.
+
+    Args:
+        model: a trained :class:`~tutorial_pkg.model.TinyLM`.
+        heldout_ids: ``(N,)`` held-out tokens, ``N > max(distances) + 2 s``.
+        distances: copy distances ``d >= s`` (ints).
+        segment_len: ``s``, tokens per segment (``>= 2``).
+        n_trials: windows per distance and kind.
+        batch_tokens: tokens per forward pass.
+        seed: seed of the chunk positions.
+        encoding_name: name written in the records (default: the encoding's ``name``).
+
+    Returns:
+        One record per distance: ``encoding``, ``distance``, ``window_len``,
+        ``segment_len``, ``n_trials``, ``nll_copy``, ``nll_control``, ``gain``,
+        ``acc_copy``, ``acc_control`` (top-1 accuracy of the scored tokens) and ``note``.
+        Where the encoding cannot represent the window (:func:`position_limit`) the
+        measures are ``None`` and ``note`` says why.
+    """
+    if not isinstance(model, TinyLM):
+        raise TypeError(f"model must be a TinyLM, got {type(model).__name__}")
+    if not isinstance(heldout_ids, torch.Tensor) or heldout_ids.dim() != 1:
+        raise TypeError("heldout_ids must be a 1-D tensor of token ids")
+    if isinstance(distances, (str, bytes)) or not isinstance(distances, Sequence) or not distances:
+        raise TypeError(f"distances must be a non-empty sequence of ints, got {distances!r}")
+    s = check_positive_int("segment_len", segment_len)
+    if s < 2:
+        raise ValueError(f"segment_len must be >= 2, got {s}")
+    distances = tuple(check_positive_int("distances[i]", d) for d in distances)
+    for d in distances:
+        if d < s:
+            raise ValueError(f"distances must be >= segment_len ({s}), got {d}")
+    check_positive_int("n_trials", n_trials)
+    check_positive_int("batch_tokens", batch_tokens)
+    if isinstance(seed, bool) or not isinstance(seed, int):
+        raise TypeError(f"seed must be an int, got {type(seed).__name__}")
+    n = heldout_ids.numel()
+    if n <= max(distances) + 2 * s:
+        raise ValueError(
+            f"heldout_ids has {n} tokens; the longest test needs more than "
+            f"{max(distances) + 2 * s}"
+        )
+    name = encoding_name or model.encoding.name
+    device = next(model.parameters()).device
+    limit = position_limit(model)
+    gen = torch.Generator().manual_seed(seed)
+    was_training = model.training
+    model.eval()
+    records = []
+    try:
+        for d in distances:
+            window = d + s
+            record = {"encoding": name, "distance": d, "window_len": window, "segment_len": s,
+                      "n_trials": n_trials, "nll_copy": None, "nll_control": None,
+                      "gain": None, "acc_copy": None, "acc_control": None, "note": ""}
+            # chunk starts are drawn for every distance, so the draws do not depend on
+            # which distances a model can represent
+            starts = torch.randint(0, n - window, (n_trials, 3), generator=gen)
+            if limit is not None and window > limit:
+                record["note"] = f"cannot represent positions >= {limit}"
+                records.append(record)
+                continue
+            ar = torch.arange(window)
+            base = heldout_ids[starts[:, :1] + ar]  # filler around the segments
+            seg_a = heldout_ids[starts[:, 1:2] + torch.arange(s)]
+            seg_b = heldout_ids[starts[:, 2:3] + torch.arange(s)]
+            copy = base.clone()
+            copy[:, :s], copy[:, d:] = seg_a, seg_a
+            control = copy.clone()
+            control[:, :s] = seg_b
+            x_all = torch.cat([copy, control]).long()
+            rows = max(1, batch_tokens // window)
+            nll, hit = [], []
+            for i in range(0, x_all.shape[0], rows):
+                xb = x_all[i : i + rows].to(device)
+                logits = model(xb[:, :-1])[:, d:].float()  # predict tokens d+1 .. d+s-1
+                target = xb[:, d + 1 :]
+                nll.append(F.cross_entropy(logits.transpose(1, 2), target, reduction="none")
+                           .double().cpu())
+                hit.append((logits.argmax(-1) == target).double().cpu())
+            nll_t, hit_t = torch.cat(nll), torch.cat(hit)
+            record.update(
+                nll_copy=nll_t[:n_trials].mean().item(),
+                nll_control=nll_t[n_trials:].mean().item(),
+                acc_copy=hit_t[:n_trials].mean().item(),
+                acc_control=hit_t[n_trials:].mean().item(),
+            )
+            record["gain"] = record["nll_control"] - record["nll_copy"]
+            records.append(record)
+    finally:
+        model.train(was_training)
+    return records
+
+
+# --------------------------------------------------------------------------- seeds
+
+
+def summarize_seeds(
+    records: Sequence[Mapping],
+    value: str,
+    by: Sequence[str] = ("encoding", "scaling", "eval_len"),
+) -> list[dict]:
+    """Mean and spread over seeds: one row per distinct value of the ``by`` keys.
+
+    Args:
+        records: records of several seeds (each with a ``seed`` key).
+        value: the key to summarise (e.g. ``"ppl_last_quarter"``); records where it is
+            ``None`` are skipped (a row with none left is left out).
+        by: the keys that identify a row.
+
+    Returns:
+        Dicts with the ``by`` keys and ``mean``, ``std`` (sample standard deviation,
+        ``ddof=1``; 0 for one seed), ``min``, ``max``, ``n`` and ``seeds``, in the order
+        the rows first appear.
+
+    Raises:
+        ValueError: if a record lacks ``seed``, ``value`` or a ``by`` key, or a row has
+            the same seed twice.
+    """
+    if isinstance(records, Mapping) or not isinstance(records, Sequence) or not records:
+        raise TypeError("records must be a non-empty list of dicts")
+    if isinstance(by, str):
+        by = (by,)
+    groups: dict[tuple, list[tuple[int, float]]] = {}
+    for r in records:
+        for key in ("seed", value, *by):
+            if key not in r:
+                raise ValueError(f"every record needs the key {key!r} (by={tuple(by)}, "
+                                 f"value={value!r})")
+        row = tuple(r[k] for k in by)
+        groups.setdefault(row, [])
+        if r[value] is not None:
+            groups[row].append((r["seed"], float(r[value])))
+    out = []
+    for row, pairs in groups.items():
+        if not pairs:
+            continue
+        seeds = [sd for sd, _ in pairs]
+        if len(set(seeds)) != len(seeds):
+            raise ValueError(f"row {row} has a seed twice: {seeds}")
+        v = torch.tensor([x for _, x in pairs], dtype=torch.float64)
+        std = v.std().item() if len(pairs) > 1 else 0.0
+        out.append({**dict(zip(by, row, strict=True)), "mean": v.mean().item(), "std": std,
+                    "min": v.min().item(), "max": v.max().item(), "n": len(pairs),
+                    "seeds": sorted(seeds)})
+    return out
+
+
+# --------------------------------------------------------------------------- chapter 6 tasks
+
+#: The synthetic tasks of chapter 6.
+TASKS = ("offset", "latest")
+
+
+class HalfSlopeHybrid(Hybrid):
+    """The additive hybrid with every ALiBi slope multiplied by ``slope_scale`` (default 1/2).
+
+    Chapter 6's control for the articles' alpha-mix: ``alpha S + (1 - alpha) B`` equals
+    ``S' + (1 - alpha) B`` once the query weights absorb ``alpha`` (``S'`` the scores of
+    queries ``alpha q``), i.e. the additive hybrid with slopes ``(1 - alpha) m_h``.
+    Same hooks and sizes as :class:`~tutorial_pkg.encodings.Hybrid` (``mix="add"``).
+    """
+
+    name = "hybrid_half"
+
+    def __init__(self, head_dim: int, n_heads: int, base: float = 10000.0, *,
+                 slope_scale: float = 0.5, **kwargs) -> None:
+        if "mix" in kwargs:
+            raise ValueError("HalfSlopeHybrid is additive: do not pass mix")
+        super().__init__(head_dim, n_heads, base, **kwargs)
+        self.slope_scale = check_positive_float("slope_scale", slope_scale)
+
+    def effective_slopes(self) -> torch.Tensor:
+        return super().effective_slopes() * self.slope_scale
+
+
+def task_batch(
+    task: str,
+    batch: int,
+    length: int,
+    generator: torch.Generator,
+    *,
+    vocab: int = 32,
+    offset: int = 3,
+    n_signal: int = 8,
+    p_signal: float = 0.1,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """A batch of chapter 6's synthetic tasks: ``(x, y)``, int64 ``[batch, length]``.
+
+    * ``"offset"`` (offset copy): ``x`` uniform over ``vocab``; ``y[:, i] = x[:, i - offset]``
+      (a precise relative position).
+    * ``"latest"`` (latest signal): tokens ``< n_signal`` are signals (probability
+      ``p_signal``), the rest noise; at each noise position the target is the most recent
+      signal before it (content plus recency).
+
+    Positions without a target hold ``-100`` (``cross_entropy``'s ``ignore_index``).
+    """
+    check_choice("task", task, TASKS)
+    check_positive_int("batch", batch)
+    check_positive_int("length", length)
+    check_positive_int("vocab", vocab)
+    if not isinstance(generator, torch.Generator):
+        raise TypeError(f"generator must be a torch.Generator, got {type(generator).__name__}")
+    if task == "offset":
+        check_positive_int("offset", offset)
+        if offset >= length:
+            raise ValueError(f"offset ({offset}) must be < length ({length})")
+        x = torch.randint(0, vocab, (batch, length), generator=generator)
+        y = torch.full_like(x, -100)
+        y[:, offset:] = x[:, :-offset]
+        return x, y
+    check_positive_int("n_signal", n_signal)
+    if n_signal >= vocab:
+        raise ValueError(f"n_signal ({n_signal}) must be < vocab ({vocab})")
+    if not 0.0 < p_signal < 1.0:
+        raise ValueError(f"p_signal must lie in (0, 1), got {p_signal!r}")
+    signal = torch.rand(batch, length, generator=generator) < p_signal
+    x = torch.where(signal, torch.randint(0, n_signal, (batch, length), generator=generator),
+                    torch.randint(n_signal, vocab, (batch, length), generator=generator))
+    where = torch.where(signal, torch.arange(length).expand(batch, length), -1)
+    last = torch.cummax(where, dim=1).values  # position of the latest signal so far
+    y = torch.where(last >= 0, x.gather(1, last.clamp(min=0)), -100)
+    return x, y.masked_fill(signal, -100)  # no target where the token is itself a signal
+
+
+def train_task(
+    task: str,
+    encoding: str | PositionEncoding,
+    seed: int = 0,
+    *,
+    encoding_kwargs: dict | None = None,
+    train_len: int = 32,
+    eval_lens: Sequence[int] = (32, 64, 128),
+    steps: int = 300,
+    batch: int = 32,
+    eval_batch: int = 64,
+    d_model: int = 32,
+    n_heads: int = 4,
+    lr: float = 3e-3,
+    vocab: int = 32,
+    device: str | torch.device = "cpu",
+) -> tuple[dict[int, float], TinyLM]:
+    """Train a one-layer TinyLM on a task of :func:`task_batch`; test it at ``eval_lens``.
+
+    ``seed`` sets the initial weights and the training batches; the test batches come
+    from a generator seeded with 1000 (the same for every model).
+
+    Returns:
+        ``(accuracy, model)``: ``{length: top-1 accuracy over positions with a target}``
+        and the trained model (eval mode).
+    """
+    check_choice("task", task, TASKS)
+    if isinstance(seed, bool) or not isinstance(seed, int):
+        raise TypeError(f"seed must be an int, got {type(seed).__name__}")
+    check_positive_int("steps", steps)
+    model = TinyLM(encoding, vocab_size=vocab, d_model=d_model, n_layers=1, n_heads=n_heads,
+                   seed=seed, encoding_kwargs=encoding_kwargs).to(device)
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
+    gen = torch.Generator().manual_seed(seed)
+    for _ in range(steps):
+        x, y = task_batch(task, batch, train_len, gen, vocab=vocab)
+        logits = model(x.to(device))
+        loss = F.cross_entropy(logits.flatten(0, 1), y.to(device).flatten(), ignore_index=-100)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    model.eval()
+    test_gen, acc = torch.Generator().manual_seed(1000), {}
+    with torch.no_grad():
+        for n in eval_lens:
+            x, y = task_batch(task, eval_batch, n, test_gen, vocab=vocab)
+            pred, y = model(x.to(device)).argmax(-1), y.to(device)
+            acc[n] = ((pred == y) & (y != -100)).sum().item() / (y != -100).sum().item()
+    return acc, model
