@@ -1,38 +1,532 @@
-"""Run the book's benchmark suite and check the package's performance targets.
+"""The book's benchmark suite: its cases, its command line, and the performance targets.
 
 Usage (from the repository root)::
 
-    python benchmarks/suite.py                       # full suite on the default device
-    python benchmarks/suite.py --quick               # smoke test: tiny sizes, seconds
+    python benchmarks/suite.py --quick                  # smoke test: tiny sizes, seconds
+    python benchmarks/suite.py                          # full suite on the default device
     python benchmarks/suite.py --parts attention --lengths 2048 4096 --passes fwd
     python benchmarks/suite.py --device cuda --out book/data/benchmark_gpu.json
+    python benchmarks/suite.py --help                   # every option
 
-Every option of ``python -m tutorial_pkg.benchmark`` is accepted (``--help`` lists
-them); this script runs that command line's standard suite
-(:func:`tutorial_pkg.benchmark.default_suite`: attention per encoding x backend x
-length x pass, RoPE apply, a training step of the tiny LM), writes the JSON results
-file, then reads it back and prints one line per performance target with the
-ratio it reached. Each ratio compares two cases measured side by side in the same
-run (interleaved rounds, medians), never numbers from different runs. Targets that
-the options left unmeasured are listed as such. The exit status is 0 whatever the
-targets say: timings are evidence to read, not a test.
+The suite (:func:`default_suite`) measures attention per encoding x backend x length x
+pass (:func:`attention_suite`), RoPE applied to q and k (:func:`rope_suite`) and a
+training step of the tiny LM (:func:`lm_suite`), every case next to its limit reference
+with :func:`tutorial_pkg.benchmark.compare`. The command line prints one table per group,
+writes the JSON results file (``--out``), reads it back and prints one line per
+performance target with the ratio it reached. Each ratio compares two cases measured
+side by side in the same run (interleaved rounds, medians), never numbers from different
+runs. The exit status is 0 whatever the targets say: timings are evidence to read, not a
+test. ``--suite module:function`` runs any other suite with the same signature.
+
+The measuring library is the package's :mod:`tutorial_pkg.benchmark`; this folder holds
+what uses it and what no model should import (the articles' code, ``articles.py``).
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
+import importlib
 import sys
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, NamedTuple
 
-try:
-    from tutorial_pkg import benchmark as bm
-except ImportError:  # run from a checkout without installing the package
+import torch
+
+if __package__ in (None, ""):  # run as a script: make the repository importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    from tutorial_pkg import benchmark as bm
+
+from benchmarks.articles import ArticlesALiBiAttention  # noqa: E402
+from tutorial_pkg import benchmark as bm  # noqa: E402
+from tutorial_pkg.benchmark import ATTENTION_LIMIT, ROPE_LIMIT, Case  # noqa: E402
 
 
+# --------------------------------------------------------------------------- #
+# Suites
+# --------------------------------------------------------------------------- #
+class SuiteEntry(NamedTuple):
+    """One group of a suite: cases measured side by side with their reference.
+
+    Attributes:
+        group: Group label.
+        cases: Case name -> zero-argument callable (or :class:`Case`).
+        reference: Name of the reference case in ``cases``.
+        params: Parameters shared by the group's cases.
+    """
+
+    group: str
+    cases: Mapping[str, Callable[[], Any] | Case]
+    reference: str
+    params: Mapping[str, Any]
+
+
+#: The type of a suite, parsed CLI arguments -> groups to measure (generated lazily, so only
+#: one group's inputs need to exist at a time).
+SuiteFn = Callable[[argparse.Namespace], Iterable[SuiteEntry]]
+
+#: Presets of the command line (``--quick`` is a smoke test, not a measurement).
+_QUICK = {
+    "lengths": [64, 128], "warmup": 1, "min_runs": 3, "max_time": 0.02, "rounds": 1,
+    "passes": ["fwd"], "backends": ["naive", "sdpa", "auto"], "rope_shape": [1, 4, 128, 64],
+    "lm_batch": 4, "lm_len": 32,
+}
+_FULL = {
+    "warmup": 3, "min_runs": 5, "max_time": 0.5, "rounds": 3, "passes": ["fwd", "fwd+bwd"],
+    "backends": ["naive", "sdpa", "flex", "auto"], "rope_shape": [4, 8, 2048, 64],
+    "lm_batch": 32, "lm_len": 64,
+}
+_FULL_LENGTHS = {"cpu": [512, 1024, 2048, 4096], "cuda": [1024, 2048, 4096, 8192, 16384]}
+#: Parts of the standard suite, in the order they run.
+SUITE_PARTS = ("attention", "rope", "lm")
+#: The encodings of the attention part; the others (sinusoidal, learned) act on the
+#: embeddings, so their attention is NoPE's; they appear in the ``lm`` part.
+ATTENTION_ENCODINGS = ("nope", "rope", "alibi", "hybrid")
+
+
+def _sdpa_causal(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+
+def _held_bytes(*modules: Any) -> int:
+    """Bytes of the buffers and caches a module keeps between calls (encodings, baselines)."""
+    from tutorial_pkg import backends
+    from tutorial_pkg.encodings import PositionEncoding
+
+    seen: set[int] = set()
+    total = 0
+
+    def add(t: Any) -> None:
+        nonlocal total
+        if isinstance(t, torch.Tensor) and t.numel():
+            storage = t.untyped_storage()
+            if storage.data_ptr() not in seen:  # views of one cache count once
+                seen.add(storage.data_ptr())
+                total += storage.nbytes()
+
+    for m in modules:
+        if isinstance(m, torch.nn.Module):
+            for sub in m.modules():
+                for t in sub.buffers(recurse=False):
+                    add(t)
+                if isinstance(sub, PositionEncoding):  # tables cached by the backends
+                    for t in backends.cached_tensors(sub):
+                        add(t)
+        else:
+            for t in vars(m).values():
+                add(t)
+    return total
+
+
+def _unsupported(reason: str) -> Callable[[], Any]:
+    def run() -> Any:
+        raise NotImplementedError(reason)
+
+    return run
+
+
+def _make_call(
+    attn: Callable[..., torch.Tensor],
+    inputs: Sequence[torch.Tensor],
+    pass_: str,
+    grad_out: torch.Tensor | None,
+) -> Callable[[], Any]:
+    if pass_ == "fwd":
+        def run() -> Any:
+            # the inference path: no autograd graph (FlexAttention on CPU needs it)
+            with torch.no_grad():
+                return attn(*inputs)
+    else:
+        def run() -> Any:
+            # autograd.grad returns the gradients instead of accumulating them
+            # into .grad, so every call does the same work and memory is not
+            # held between calls.
+            out = attn(*inputs)
+            return torch.autograd.grad(out, inputs[:3], grad_out)
+    return run
+
+
+def _suite_dtype(args: argparse.Namespace) -> torch.dtype:
+    return getattr(torch, args.dtype)
+
+
+def attention_suite(args: argparse.Namespace) -> Iterator[SuiteEntry]:
+    """Attention alone, per length and pass: every encoding x backend next to the limit.
+
+    One group per (length, pass). In each: the limit reference
+    (:data:`ATTENTION_LIMIT`, ``scaled_dot_product_attention(..., is_causal=True)``
+    without any encoding), then ``{encoding}/{backend}`` for
+    ``args.encodings`` x ``args.backends`` through
+    :meth:`~tutorial_pkg.attention.MultiHeadAttention.attend` (q, k, v already
+    projected: projections cost the same for every case and would only dilute the
+    ratios), and for ALiBi two extra points: ``alibi/article``
+    (:class:`~benchmarks.articles.ArticlesALiBiAttention`, its buffer grown to the
+    length) and
+    ``alibi/sdpa-3d-mask`` (the bias passed as a 3-D ``(H, L, L)`` mask, which
+    CPU SDPA silently runs on its slow math path). ``auto`` is listed only for
+    encodings with a bias (otherwise it is the ``sdpa`` path). ``flex`` has no CPU
+    backward in torch 2.13: that case is recorded as an error, not measured.
+
+    ``fwd`` runs under ``torch.no_grad()`` (inference); ``fwd+bwd`` returns the
+    gradients of q, k, v. Every case of an encoding gets its own encoding object,
+    so each record's ``held_bytes`` is that path's own cache.
+
+    Args:
+        args: Parsed arguments (``device``, ``dtype``, ``lengths``, ``passes``,
+            ``batch``, ``heads``, ``head_dim``, ``encodings``, ``backends``).
+
+    Yields:
+        One :class:`SuiteEntry` per (length, pass); inputs are created when the
+        entry is generated, so only one group's tensors are alive at a time.
+    """
+    from tutorial_pkg import backends
+    from tutorial_pkg.attention import MultiHeadAttention
+    from tutorial_pkg.encodings import make_encoding
+
+    device = torch.device(args.device)
+    dtype = _suite_dtype(args)
+    batch, heads, head_dim = args.batch, args.heads, args.head_dim
+    for seq_len in args.lengths:
+        for pass_ in args.passes:
+            train = pass_ == "fwd+bwd"
+            gen = torch.Generator().manual_seed(seq_len)  # same inputs on every run
+            shape = (batch, heads, seq_len, head_dim)
+            q, k, v = (
+                torch.randn(shape, generator=gen).to(device=device, dtype=dtype)
+                .requires_grad_(train)
+                for _ in range(3)
+            )
+            grad_out = torch.randn(shape, generator=gen).to(device, dtype) if train else None
+            cases: dict[str, Case] = {
+                ATTENTION_LIMIT: Case(_make_call(_sdpa_causal, (q, k, v), pass_, grad_out),
+                                      {"encoding": "none", "backend": "sdpa"}),
+            }
+            for enc_name in args.encodings:
+                for backend in args.backends:
+                    enc = make_encoding(enc_name, d_model=heads * head_dim, n_heads=heads,
+                                        max_len=seq_len)
+                    if backend == "auto" and enc.key_bias(torch.arange(1)) is None:
+                        continue  # auto is exactly the sdpa path here
+                    layer = MultiHeadAttention(heads * head_dim, heads, enc, backend=backend)
+                    layer = layer.to(device)
+                    if backend == "flex" and train and device.type == "cpu":
+                        fn = _unsupported("FlexAttention has no CPU backward in this torch")
+                    else:
+                        fn = _make_call(layer.attend, (q, k, v), pass_, grad_out)
+                    cases[f"{enc_name}/{backend}"] = Case(
+                        fn, {"encoding": enc_name, "backend": backend},
+                        held=lambda enc=enc: _held_bytes(enc),
+                    )
+                if enc_name == "alibi":
+                    article = ArticlesALiBiAttention(heads, max(2048, seq_len), device=device)
+                    cases["alibi/article"] = Case(
+                        _make_call(article, (q, k, v), pass_, grad_out),
+                        {"encoding": "alibi", "backend": "article"},
+                        held=lambda article=article: _held_bytes(article),
+                    )
+                    enc3 = make_encoding("alibi", n_heads=heads)
+                    bias3 = backends.cached_bias(enc3, 0, seq_len, seq_len, causal=True,
+                                                 device=device, dtype=dtype)[0]  # 3-D mask
+
+                    def sdpa_3d(q_, k_, v_, bias3=bias3):
+                        return torch.nn.functional.scaled_dot_product_attention(
+                            q_, k_, v_, attn_mask=bias3)
+
+                    cases["alibi/sdpa-3d-mask"] = Case(
+                        _make_call(sdpa_3d, (q, k, v), pass_, grad_out),
+                        {"encoding": "alibi", "backend": "sdpa-3d-mask"},
+                        held=lambda enc3=enc3: _held_bytes(enc3),
+                    )
+            params = {
+                "op": "attention", "seq_len": seq_len, "batch": batch, "heads": heads,
+                "head_dim": head_dim, "dtype": args.dtype, "pass": pass_,
+            }
+            yield SuiteEntry(f"attn L={seq_len} {pass_}", cases, ATTENTION_LIMIT, params)
+
+
+def rope_suite(args: argparse.Namespace) -> Iterator[SuiteEntry]:
+    """Applying RoPE to q and k, per dtype, next to copying them (:data:`ROPE_LIMIT`).
+
+    Cases: ``apply_rope`` (the readable reference form), ``rotate`` (the default
+    path: :class:`~tutorial_pkg.rope.RotaryEmbedding` on q and k, no compiling; on a
+    CPU the three kernels run block by block so that q and k cross memory about once),
+    ``rotate fused`` (the same with ``fused=True``: one compiled call for q and k;
+    its compile time is the record's ``first_call_ms``), ``rotate_half`` (Hugging Face's
+    ``x * cos + rotate_half(x) * sin``) and ``complex`` (Meta's
+    ``view_as_complex`` form, interleaved layout; float32 arithmetic). Shape
+    ``args.rope_shape`` = (batch, heads, length, head_dim); dtypes float32 and
+    bfloat16 (float16 too on CUDA). Inference (no autograd).
+
+    Every call allocates its outputs, as a model would. With glibc's default
+    settings a freed block of 32 MiB or less may go back to the OS, and then every
+    first touch of a page of a new output faults (about 1 us per 4 KiB page): that
+    cost swamps the arithmetic and varies from run to run. The command line therefore
+    asks glibc to keep freed blocks (:func:`tutorial_pkg.benchmark.keep_freed_memory`,
+    ``--default-malloc`` to skip) and records its choice in the results file.
+    """
+    device = torch.device(args.device)
+    dtypes = ["float32", "bfloat16"] + (["float16"] if device.type == "cuda" else [])
+    for dtype_name in dtypes:
+        yield _rope_entry(device, tuple(args.rope_shape), dtype_name)
+
+
+def _rope_entry(device: torch.device, shape: tuple[int, ...], dtype_name: str) -> SuiteEntry:
+    from tutorial_pkg.rope import (
+        RotaryEmbedding,
+        apply_rope,
+        apply_rope_complex,
+        precompute_freqs_cis,
+    )
+    from tutorial_pkg.rope import rotate_half as hf_rotate_half
+
+    b, h, s, d = shape
+    dtype = getattr(torch, dtype_name)
+    gen = torch.Generator().manual_seed(s)
+    q, k = (torch.randn(b, h, s, d, generator=gen).to(device, dtype) for _ in range(2))
+    eager = RotaryEmbedding(d).to(device)
+    fused = RotaryEmbedding(d, fused=True).to(device)
+    cos, sin = eager.cos_sin(start=0, length=s)
+    cos_full = torch.cat((cos, cos), -1).to(dtype)
+    sin_full = torch.cat((sin, sin), -1).to(dtype)
+    freqs = precompute_freqs_cis(d, s).to(device)
+
+    def run(fn: Callable[[torch.Tensor], torch.Tensor]) -> Callable[[], Any]:
+        def call() -> Any:
+            with torch.no_grad():
+                return fn(q), fn(k)
+        return call
+
+    def run_pair(module: torch.nn.Module) -> Callable[[], Any]:
+        def call() -> Any:
+            with torch.no_grad():
+                return module(q, k)  # RotaryEmbedding.forward: q and k at positions 0..s-1
+        return call
+
+    cases = {
+        ROPE_LIMIT: Case(run(torch.clone), {"impl": "clone"}),
+        "apply_rope": Case(run(lambda x: apply_rope(x, cos, sin)), {"impl": "reference"}),
+        "rotate": Case(run_pair(eager), {"impl": "eager"}),
+        "rotate fused": Case(run_pair(fused), {"impl": "compiled"}),
+        "rotate_half": Case(run(lambda x: x * cos_full + hf_rotate_half(x) * sin_full),
+                            {"impl": "hugging face"}),
+        "complex": Case(run(lambda x: apply_rope_complex(x, freqs)), {"impl": "meta"}),
+    }
+    params = {"op": "rope", "shape": [b, h, s, d], "dtype": dtype_name, "pass": "fwd"}
+    return SuiteEntry(f"rope {dtype_name}", cases, ROPE_LIMIT, params)
+
+
+def lm_suite(args: argparse.Namespace) -> Iterator[SuiteEntry]:
+    """One training step of the tiny LM per encoding, next to the NoPE step.
+
+    The step: zero the gradients, forward, cross-entropy, backward, AdamW step,
+    on a batch of ``args.lm_batch`` windows of ``args.lm_len`` tokens, with the
+    model of chapter 7 (d_model 96, 3 layers, 4 heads) on the ``"auto"`` backend,
+    plus ``alibi (sdpa backend)`` for comparison. The reference is ``nope``:
+    the same model with no position information, i.e. what a step costs before
+    any encoding adds work.
+    """
+    from tutorial_pkg.model import TinyLM
+
+    device = torch.device(args.device)
+    batch, length = args.lm_batch, args.lm_len
+    gen = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, 256, (batch, length + 1), generator=gen).to(device)
+    x, y = ids[:, :-1], ids[:, 1:]
+    encodings = ["nope", "sinusoidal", "learned", "rope", "alibi", "hybrid"]
+    variants = [(name, "auto") for name in encodings] + [("alibi", "sdpa")]
+    cases: dict[str, Case] = {}
+    for name, backend in variants:
+        model = TinyLM(name, d_model=96, n_layers=3, n_heads=4, max_len=length,
+                       backend=backend).to(device)
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+
+        def step(model=model, opt=opt) -> Any:
+            opt.zero_grad(set_to_none=True)
+            loss = model.loss(x, y)
+            loss.backward()
+            opt.step()
+            return loss.detach()
+
+        label = name if backend == "auto" else f"{name} ({backend} backend)"
+        cases[label] = Case(step, {"encoding": name, "backend": backend},
+                            held=lambda model=model: _held_bytes(model.encoding))
+    params = {"op": "lm train step", "batch": batch, "seq_len": length, "d_model": 96,
+              "layers": 3, "heads": 4, "pass": "fwd+bwd+adamw"}
+    yield SuiteEntry(f"lm step L={length}", cases, "nope", params)
+
+
+def default_suite(args: argparse.Namespace) -> Iterator[SuiteEntry]:
+    """The standard suite: the parts in ``args.parts`` (default all of :data:`SUITE_PARTS`).
+
+    ``attention`` (:func:`attention_suite`), ``rope`` (:func:`rope_suite`) and
+    ``lm`` (:func:`lm_suite`); each group measures its cases side by side with
+    its limit reference. ``benchmarks/suite.py`` runs it and checks the book's
+    performance targets; any other suite can be run with ``--suite
+    module:function`` (a function with this signature).
+
+    Args:
+        args: Parsed and completed arguments of :func:`build_parser`.
+
+    Yields:
+        :class:`SuiteEntry` groups, generated lazily.
+    """
+    parts = {"attention": attention_suite, "rope": rope_suite, "lm": lm_suite}
+    for part in getattr(args, "parts", None) or SUITE_PARTS:
+        yield from parts[part](args)
+
+
+def _load_suite(spec: str) -> SuiteFn:
+    module_name, sep, attr = spec.partition(":")
+    if not sep or not module_name or not attr:
+        raise ValueError(f"--suite must look like 'module:function', got {spec!r}")
+    suite = getattr(importlib.import_module(module_name), attr)
+    if not callable(suite):
+        raise TypeError(f"--suite: {spec!r} is not callable")
+    return suite
+
+
+
+# --------------------------------------------------------------------------- #
+# Command line
+# --------------------------------------------------------------------------- #
+def build_parser() -> argparse.ArgumentParser:
+    """The command line's parser (suites may read any of its arguments)."""
+    p = argparse.ArgumentParser(
+        prog="python benchmarks/suite.py",
+        description="Time and measure memory of benchmark cases side by side with their "
+        "reference, print a table of ratios and write a JSON results file.",
+    )
+    p.add_argument("--out", type=Path, default=None, help="JSON results file to write")
+    p.add_argument("--quick", action="store_true",
+                   help="tiny sizes, few runs (a smoke test, not a measurement)")
+    p.add_argument("--device", choices=["cpu", "cuda"], default=None,
+                   help="default: cuda if available, else cpu")
+    p.add_argument("--lengths", type=int, nargs="+", default=None, metavar="L",
+                   help="sequence lengths (default depends on --device and --quick)")
+    p.add_argument("--passes", nargs="+", choices=["fwd", "fwd+bwd"], default=None)
+    p.add_argument("--dtype", choices=["float32", "float16", "bfloat16"], default=None,
+                   help="default: float16 on cuda, float32 on cpu")
+    p.add_argument("--batch", type=int, default=1)
+    p.add_argument("--heads", type=int, default=8)
+    p.add_argument("--head-dim", type=int, default=64)
+    p.add_argument("--parts", nargs="+", choices=list(SUITE_PARTS), default=None,
+                   help="parts of the standard suite to run (default: all)")
+    p.add_argument("--encodings", nargs="+", choices=list(ATTENTION_ENCODINGS), default=None,
+                   help="encodings of the attention part (default: all four)")
+    p.add_argument("--backends", nargs="+", choices=["naive", "sdpa", "flex", "auto"],
+                   default=None, help="attention backends (default: all; --quick: no flex)")
+    p.add_argument("--rope-shape", type=int, nargs=4, default=None, metavar=("B", "H", "S", "D"),
+                   help="q/k shape of the rope part (default 4 8 2048 64)")
+    p.add_argument("--lm-batch", type=int, default=None, help="batch of the lm part (32)")
+    p.add_argument("--lm-len", type=int, default=None, help="window of the lm part (64)")
+    p.add_argument("--warmup", type=int, default=None)
+    p.add_argument("--min-runs", type=int, default=None)
+    p.add_argument("--max-time", type=float, default=None, help="seconds per case and round")
+    p.add_argument("--rounds", type=int, default=None,
+                   help="interleaved measuring rounds over a group's cases (default 3)")
+    p.add_argument("--threads", type=int, default=None,
+                   help="torch CPU threads for this process (default: torch's own)")
+    p.add_argument("--no-memory", action="store_true", help="skip peak-memory measurement")
+    p.add_argument("--default-malloc", action="store_true",
+                   help="leave glibc's malloc settings alone (default: keep freed blocks, so "
+                   "that page faults on fresh outputs do not dominate CPU timings)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--suite", default=None, metavar="MODULE:FUNCTION",
+                   help="suite to run instead of default_suite")
+    return p
+
+
+def _finish_args(args: argparse.Namespace) -> argparse.Namespace:
+    """Fill the defaults that depend on --device and --quick."""
+    args.device = str(bm._resolve_device(args.device))
+    kind = torch.device(args.device).type
+    preset = _QUICK if args.quick else _FULL
+    if args.lengths is None:
+        args.lengths = list(preset.get("lengths", _FULL_LENGTHS[kind]))
+    if args.passes is None:
+        args.passes = list(preset["passes"])
+    if args.dtype is None:
+        args.dtype = "float16" if kind == "cuda" else "float32"
+    for name in ("warmup", "min_runs", "max_time", "rounds", "backends", "rope_shape",
+                 "lm_batch", "lm_len"):
+        if getattr(args, name, None) is None:
+            setattr(args, name, copy.copy(preset[name]))
+    if getattr(args, "encodings", None) is None:
+        args.encodings = list(ATTENTION_ENCODINGS)
+    if getattr(args, "parts", None) is None:
+        args.parts = list(SUITE_PARTS)
+    return args
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    """Command-line style arguments, parsed and completed: what a suite function takes.
+
+    Example: ``attention_suite(parse_args(["--lengths", "256", "--passes", "fwd"]))``.
+    """
+    return _finish_args(build_parser().parse_args([] if argv is None else list(argv)))
+
+
+def run(argv: Sequence[str] | None = None, *, suite: SuiteFn | None = None
+        ) -> list[bm.BenchRecord]:
+    """Run a suite, print one table per group, optionally write the JSON results file.
+
+    Args:
+        argv: Command-line arguments (default: ``sys.argv[1:]``).
+        suite: Suite function; default ``--suite`` if given, else :func:`default_suite`.
+
+    Returns:
+        The records, in the order measured.
+    """
+    from tqdm import tqdm
+
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        args = _finish_args(args)
+        if suite is None:
+            suite = _load_suite(args.suite) if args.suite else default_suite
+    except (ValueError, ImportError, AttributeError, TypeError) as exc:
+        parser.error(str(exc))
+    if args.threads is not None:
+        if args.threads < 1:
+            parser.error(f"--threads must be >= 1, got {args.threads}")
+        torch.set_num_threads(args.threads)  # the CLI is the caller: its choice to make
+
+    kept = False if args.default_malloc else bm.keep_freed_memory()
+    hardware = bm.hardware_info(args.device)
+    hardware["malloc"] = "glibc keeps freed blocks (mmap threshold 32 MiB)" if kept else "default"
+    print(f"{hardware['device_name']} ({hardware['device']}), torch {hardware['torch']}, "
+          f"{hardware['num_threads']} threads, load average {hardware['loadavg']}", flush=True)
+    entries = suite(args)
+    total = sum(len(e.cases) for e in entries) if isinstance(entries, Sequence) else None
+    records: list[bm.BenchRecord] = []
+    with tqdm(total=total, unit="case", disable=args.no_progress, file=sys.stderr) as bar:
+        for group, cases, reference, params in entries:
+            bar.set_description(group)
+            group_records = bm.compare(
+                cases, reference, device=args.device, group=group, params=params,
+                warmup=args.warmup, min_runs=args.min_runs, max_time_s=args.max_time,
+                rounds=args.rounds, measure_memory=not args.no_memory,
+                on_case_done=lambda _name: bar.update(1),
+            )
+            records.extend(group_records)
+            # one table per group as soon as it is measured (long runs show progress)
+            bar.clear()
+            print(bm.format_table(group_records) + "\n", flush=True)
+    hardware["loadavg_end"] = bm._loadavg()
+    if args.out is not None:
+        bm.save_results(records, args.out, hardware)
+        print(f"wrote {args.out}")
+        print(f"\nload average at start {hardware['loadavg']}, at end "
+              f"{hardware['loadavg_end']} ({hardware['cpu_count']} CPUs)")
+    return records
+
+
+
+# --------------------------------------------------------------------------- #
+# Performance targets
+# --------------------------------------------------------------------------- #
 @dataclass
 class Target:
     """One performance target: a name, a threshold, and how to read it from records."""
@@ -91,14 +585,14 @@ def _held_fraction(group: str, case: str) -> Callable[[dict], float | None]:
 
 
 def targets() -> list[Target]:
-    """The performance targets of issue 6 (P1-P4), on the records of one run."""
+    """The performance targets (P1-P4), on the records of one run."""
     out = []
     for length in (2048, 4096):
         out.append(Target(
             f"P1 fwd L={length}", "ALiBi inference (auto) / plain causal SDPA", 1.10, "max",
             _ratio(f"attn L={length} fwd", "alibi/auto")))
-    out.append(Target("P1 seed L=2048", "seeds' naive ALiBi / ALiBi auto (speed-up)", 3.0,
-                      "min", _speedup("attn L=2048 fwd", "alibi/seed", "alibi/auto")))
+    out.append(Target("P1 article L=2048", "the articles' ALiBi / ALiBi auto (speed-up)", 3.0,
+                      "min", _speedup("attn L=2048 fwd", "alibi/article", "alibi/auto")))
     for length in (2048, 4096):
         out.append(Target(
             f"P1 fwd+bwd L={length}", "ALiBi training (auto) / plain causal SDPA", 2.0, "max",
@@ -108,10 +602,11 @@ def targets() -> list[Target]:
     out.append(Target("P2 held L=4096", "ALiBi auto held memory / one (H, L, L) fp32 bias",
                       0.01, "max", _held_fraction("attn L=4096 fwd", "alibi/auto")))
     for dtype, limit in (("float32", 1.3), ("bfloat16", 2.0)):
-        for case in ("rotate", "rotate fused"):
-            out.append(Target(f"P3 {dtype} {case}", f"RoPE {case} of q, k / clone of q, k",
-                              limit, "max",
-                              _ratio(f"rope {dtype}", case, shape=[4, 8, 2048, 64])))
+        out.append(Target(f"P3 {dtype} rotate fused", "RoPE fused=True on q, k / clone of q, k",
+                          limit, "max",
+                          _ratio(f"rope {dtype}", "rotate fused", shape=[4, 8, 2048, 64])))
+    out.append(Target("P3 float32 rotate", "RoPE default path on q, k / clone of q, k", 3.0,
+                      "max", _ratio("rope float32", "rotate", shape=[4, 8, 2048, 64])))
     for enc in ("rope", "alibi", "hybrid"):
         out.append(Target(f"P4 {enc}", f"tiny-LM training step, {enc} / NoPE", 1.10, "max",
                           _lm_ratio(enc)))
@@ -168,27 +663,22 @@ def one_off_costs(records: Iterable[bm.BenchRecord]) -> str:
     return "\n".join(lines) if lines else "  (none over 1 s and 3x the median)"
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Run the suite with the given options, then print the targets."""
+def main(argv: Sequence[str] | None = None, *, suite: SuiteFn | None = None) -> int:
+    """Run the suite with the given options (:func:`run`), then print the targets.
+
+    Returns:
+        The exit status (0, whatever the targets say).
+    """
     argv = list(sys.argv[1:] if argv is None else argv)
-    parser = argparse.ArgumentParser(add_help=False)
-    parser.add_argument("--out", type=Path, default=Path("benchmark_results.json"))
-    parser.add_argument("--help", "-h", action="store_true")
-    own, rest = parser.parse_known_args(argv)
-    if own.help:
+    if "-h" in argv or "--help" in argv:
         print(__doc__)
-        bm.build_parser().print_help()
-        return 0
-    bm.main([*rest, "--out", str(own.out)])
-    hardware, records = bm.load_results(own.out)
-    print(f"\nload average at start {hardware.get('loadavg')}, at end "
-          f"{hardware.get('loadavg_end')} ({hardware.get('cpu_count')} CPUs)")
+    records = run(argv, suite=suite)  # --help: argparse prints the options and exits
     print("\nOne-off costs (compiling), not included in any median:")
     print(one_off_costs(records))
     print("\nPerformance targets (ratios of cases measured side by side in this run; a target "
           "is 'not measured' when its case is absent or was run at other sizes):")
     print(format_targets(check_targets(records)))
-    if "--quick" in rest:
+    if "--quick" in argv:
         print("(--quick is a smoke test: tiny sizes, few runs; its timings mean nothing)")
     return 0
 

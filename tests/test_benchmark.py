@@ -1,4 +1,5 @@
-"""Tests of the measuring layer (tutorial_pkg.benchmark): CPU only, tiny sizes.
+"""Tests of the measuring library (tutorial_pkg.benchmark) and of the suite that uses it
+(benchmarks/suite.py): CPU only, tiny sizes.
 
 They check that the harness measures what it claims (a 2 ms sleep reads ~2 ms,
 a known allocation reads its size), not how fast our code is; that every case
@@ -22,6 +23,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from benchmarks import suite as bs
 from tutorial_pkg import benchmark as bm
 
 pytestmark = [
@@ -79,18 +81,27 @@ def test_time_fn_respects_callers_thread_setting():
         torch.set_num_threads(before)
 
 
-def test_naive_time_fn_is_one_unsynchronised_sample():
-    t = bm.naive_time_fn(lambda: time.sleep(0.002), device="cpu")
-    assert t.n_runs == 1 and t.method == "naive-wall-clock"
-    assert t.median_ms >= 1.5
-
-
 def test_timing_from_times_statistics():
     t = bm.Timing.from_times([4.0, 1.0, 3.0, 2.0, 100.0], device="cpu", method="x")
-    assert t.median_ms == 3.0 and t.min_ms == 1.0 and t.max_ms == 100.0
-    assert t.p25_ms == 2.0 and t.p75_ms == 4.0 and t.iqr_ms == 2.0
+    assert t.median_ms == pytest.approx(3.0) and t.min_ms == pytest.approx(1.0)
+    assert t.max_ms == pytest.approx(100.0) and t.p25_ms == pytest.approx(2.0)
+    assert t.p75_ms == pytest.approx(4.0) and t.iqr_ms == pytest.approx(2.0)
     with pytest.raises(ValueError):
         bm.Timing.from_times([], device="cpu", method="x")
+
+
+def test_timing_wraps_a_torch_measurement():
+    import torch.utils.benchmark as tb
+
+    t = bm.Timing.from_times([2.0, 4.0], device="cpu", method="x", calls_per_run=10)
+    assert isinstance(t.measurement, tb.Measurement)
+    assert t.measurement.number_per_run == 10 and t.calls_per_run == 10
+    assert t.measurement.raw_times == pytest.approx([0.02, 0.04])  # seconds per block
+    assert t.times_ms == pytest.approx([2.0, 4.0]) and t.n_runs == 2
+    x = torch.randn(16, 16)
+    timed = bm.time_fn(lambda: x @ x, **FAST)
+    assert isinstance(timed.measurement, tb.Measurement)
+    assert timed.median_ms == pytest.approx(timed.measurement.median * 1e3)
 
 
 @pytest.mark.parametrize(
@@ -112,7 +123,7 @@ def test_time_fn_rejects_bad_arguments(kwargs, exc, name):
 
 
 def test_non_callable_fn_is_rejected():
-    for func in (bm.time_fn, bm.naive_time_fn, bm.peak_memory):
+    for func in (bm.time_fn, bm.peak_memory):
         with pytest.raises(TypeError, match="fn"):
             func(42)
 
@@ -237,6 +248,41 @@ def test_format_table_lists_cases():
     assert "held MiB" in table and "2.00" in table and "1st call ms" in table
     assert "9,000.00" in table
     assert bm.format_table([]) == "(no records)"
+    narrow = bm.format_table(recs, columns=["case", "median ms", "ratio"]).splitlines()
+    header = next(line for line in narrow if line.startswith("case"))
+    assert header.split() == ["case", "median", "ms", "ratio"]
+    assert "peak MiB" not in "\n".join(narrow)
+    with pytest.raises(ValueError, match="columns"):
+        bm.format_table(recs, columns=["nope"])
+
+
+def test_text_table_aligns_text_left_and_numbers_right():
+    lines = bm.text_table(["name", "value"], [["a", "1.5"], ["longer", "10.25"]])
+    assert lines == ["name    value", "------  -----", "a         1.5", "longer  10.25"]
+    with pytest.raises(ValueError, match="rows"):
+        bm.text_table(["a", "b"], [["only one"]])
+
+
+def test_keep_freed_memory_stops_page_faults_on_fresh_outputs():
+    resource = pytest.importorskip("resource")
+    with pytest.raises(ValueError, match="threshold_bytes"):
+        bm.keep_freed_memory(64 * 2**20)
+    with pytest.raises(TypeError, match="threshold_bytes"):
+        bm.keep_freed_memory(1.5)
+    x = torch.randn(2**20)  # 4 MiB: above glibc's default mmap threshold before it adapts
+
+    def faults_per_clone(n: int = 5) -> float:
+        start = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+        for _ in range(n):
+            y = x.clone()
+            y.zero_()
+            del y
+        return (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - start) / n
+
+    if not bm.keep_freed_memory():
+        pytest.skip("not glibc")
+    faults_per_clone()  # the first block comes from the OS once
+    assert faults_per_clone() < 16  # 4 MiB = 1024 pages: reused, not faulted in again
 
 
 # --------------------------------------------------------------------------- #
@@ -310,7 +356,7 @@ def test_compare_rejects_bad_arguments():
 # --------------------------------------------------------------------------- #
 
 def _args(*extra: str) -> argparse.Namespace:
-    return bm._finish_args(bm.build_parser().parse_args(["--quick", "--device", "cpu", *extra]))
+    return bs.parse_args(["--quick", "--device", "cpu", *extra])
 
 
 def _outputs(fn):
@@ -321,12 +367,12 @@ def _outputs(fn):
 def test_attention_suite_cases_compute_the_same_attention():
     args = _args("--parts", "attention", "--lengths", "16", "--passes", "fwd", "fwd+bwd",
                  "--backends", "naive", "sdpa", "auto")
-    entries = list(bm.default_suite(args))
+    entries = list(bs.default_suite(args))
     assert [e.params["pass"] for e in entries] == ["fwd", "fwd+bwd"]
     for entry in entries:
         assert entry.reference == bm.ATTENTION_LIMIT and entry.reference in entry.cases
         names = set(entry.cases)
-        assert {"nope/sdpa", "alibi/auto", "alibi/seed", "alibi/sdpa-3d-mask"} <= names
+        assert {"nope/sdpa", "alibi/auto", "alibi/article", "alibi/sdpa-3d-mask"} <= names
         assert "nope/auto" not in names  # auto is the sdpa path without a bias
         outs = {name: _outputs(case.fn) for name, case in entry.cases.items()}
 
@@ -335,18 +381,18 @@ def test_attention_suite_cases_compute_the_same_attention():
                 torch.testing.assert_close(x, y, atol=1e-4, rtol=1e-4)
 
         same("nope/sdpa", bm.ATTENTION_LIMIT)  # NoPE through the package == the limit
-        for enc in bm.ATTENTION_ENCODINGS:
+        for enc in bs.ATTENTION_ENCODINGS:
             same(f"{enc}/sdpa", f"{enc}/naive")
         for enc in ("alibi", "hybrid"):
             same(f"{enc}/auto", f"{enc}/naive")
-        same("alibi/seed", "alibi/naive")
+        same("alibi/article", "alibi/naive")
         same("alibi/sdpa-3d-mask", "alibi/naive")
 
 
 def test_rope_and_lm_suites_run_at_tiny_sizes():
     args = _args("--parts", "rope", "lm", "--rope-shape", "1", "2", "8", "16",
                  "--lm-batch", "2", "--lm-len", "8")
-    entries = list(bm.default_suite(args))
+    entries = list(bs.default_suite(args))
     assert [e.group for e in entries] == ["rope float32", "rope bfloat16", "lm step L=8"]
     for entry in entries[:2]:
         ref = _outputs(entry.cases["apply_rope"].fn)
@@ -369,7 +415,7 @@ def test_cli_quick_writes_json(tmp_path):
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(
         p for p in (str(REPO_ROOT), os.environ.get("PYTHONPATH")) if p)}
     proc = subprocess.run(
-        [sys.executable, "-m", "tutorial_pkg.benchmark", "--quick", "--device", "cpu",
+        [sys.executable, str(REPO_ROOT / "benchmarks" / "suite.py"), "--quick", "--device", "cpu",
          "--parts", "attention", "--encodings", "alibi", "--backends", "sdpa", "auto",
          "--lengths", "32", "--no-memory", "--no-progress", "--out", str(out)],
         capture_output=True, text=True, env=env, cwd=tmp_path, timeout=120,
@@ -378,8 +424,10 @@ def test_cli_quick_writes_json(tmp_path):
     assert "median ms" in proc.stdout and "held MiB" in proc.stdout
     data = json.loads(out.read_text())
     assert data["hardware"]["device"] == "cpu"
+    assert data["hardware"]["malloc"] in ("glibc keeps freed blocks (mmap threshold 32 MiB)",
+                                          "default")
     records = {r["case"]: r for r in data["records"]}
-    assert set(records) == {bm.ATTENTION_LIMIT, "alibi/sdpa", "alibi/auto", "alibi/seed",
+    assert set(records) == {bm.ATTENTION_LIMIT, "alibi/sdpa", "alibi/auto", "alibi/article",
                             "alibi/sdpa-3d-mask"}
     assert all(r["ratio"] is not None and r["first_call_ms"] > 0 for r in records.values())
     # the cached (1, H, 128, 128) table vs a (1, H, 1, 128) row (both rounded up to 128)
@@ -387,12 +435,29 @@ def test_cli_quick_writes_json(tmp_path):
     assert records["alibi/auto"]["held_bytes"] < 8 * 128 * 4 * 2
 
 
+def test_cli_help_from_its_new_home():
+    proc = subprocess.run([sys.executable, str(REPO_ROOT / "benchmarks" / "suite.py"), "--help"],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert "--device {cpu,cuda}" in proc.stdout and "benchmark_gpu.json" in proc.stdout
+
+
+def test_library_does_not_import_the_model():
+    # the suites build models; the measuring library must not need them
+    import ast
+
+    tree = ast.parse((REPO_ROOT / "tutorial_pkg" / "benchmark.py").read_text())
+    imported = {n.module or "" for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
+    imported |= {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+    assert not {"model", ".model", "tutorial_pkg.model", "attention", "encodings"} & imported
+
+
 def test_cli_custom_suite_hook(tmp_path, capsys):
     def suite(args: argparse.Namespace):
-        yield bm.SuiteEntry("tiny", {"ref": lambda: None, "b": lambda: None}, "ref", {"n": 1})
+        yield bs.SuiteEntry("tiny", {"ref": lambda: None, "b": lambda: None}, "ref", {"n": 1})
 
     out = tmp_path / "r.json"
-    assert bm.main(["--quick", "--device", "cpu", "--no-progress", "--no-memory",
+    assert bs.main(["--quick", "--device", "cpu", "--no-progress", "--no-memory",
                     "--out", str(out)], suite=suite) == 0
     hardware, records = bm.load_results(out)
     assert [r.case for r in records] == ["ref", "b"] and records[0].ratio == 1.0
@@ -401,17 +466,11 @@ def test_cli_custom_suite_hook(tmp_path, capsys):
 
 def test_cli_rejects_bad_suite_spec():
     with pytest.raises(SystemExit):
-        bm.main(["--quick", "--device", "cpu", "--suite", "no_colon_here"])
+        bs.main(["--quick", "--device", "cpu", "--suite", "no_colon_here"])
 
 
 def test_suite_script_checks_targets_on_records():
-    import importlib.util
-
-    path = REPO_ROOT / "benchmarks" / "suite.py"
-    spec = importlib.util.spec_from_file_location("bench_suite", path)
-    suite = importlib.util.module_from_spec(spec)
-    sys.modules["bench_suite"] = suite  # dataclasses look their module up there
-    spec.loader.exec_module(suite)
+    suite = bs
 
     def rec(group, case, ratio, **params):
         return bm.BenchRecord(group=group, case=case, params=params, ratio=ratio,
@@ -419,7 +478,7 @@ def test_suite_script_checks_targets_on_records():
 
     records = [
         rec("attn L=2048 fwd", "alibi/auto", 1.05, heads=8, seq_len=2048),
-        rec("attn L=2048 fwd", "alibi/seed", 4.0, heads=8, seq_len=2048),
+        rec("attn L=2048 fwd", "alibi/article", 4.0, heads=8, seq_len=2048),
         rec("rope float32", "rotate fused", 1.2, shape=[4, 8, 2048, 64]),
         rec("rope bfloat16", "rotate fused", 1.2, shape=[1, 4, 128, 64]),  # other sizes
         rec("lm step L=64", "rope", 1.5, batch=32, seq_len=64),
@@ -427,7 +486,7 @@ def test_suite_script_checks_targets_on_records():
     ]
     verdicts = {t.name: v for t, _, v in suite.check_targets(records)}
     assert verdicts["P1 fwd L=2048"] == "PASS" and verdicts["P1 fwd L=4096"] == "not measured"
-    assert verdicts["P1 seed L=2048"] == "PASS"  # 4.0 / 1.05 >= 3
+    assert verdicts["P1 article L=2048"] == "PASS"  # 4.0 / 1.05 >= 3
     assert verdicts["P3 float32 rotate fused"] == "PASS"
     assert verdicts["P3 bfloat16 rotate fused"] == "not measured"
     assert verdicts["P4 rope"] == "MISS"

@@ -1,30 +1,25 @@
-"""Honest timing and memory measurement for the book's benchmarks (chapter 5).
+"""The measuring library of chapter 5: time and memory, measured honestly, and recorded.
 
-The source articles time a function with one ``time.time()`` pair around a single
-call: no warm-up, no device synchronisation, one sample. On a GPU that measures
-how long it took to *enqueue* the kernels, not to run them; on any device the
-first call also pays one-off costs (lazy initialisation, kernel selection, cache
-misses), and a single sample says nothing about noise. This module does it right:
+One ``time.time()`` pair around one call (the articles' method) times one-off costs
+(lazy initialisation, compiling, cold caches), on a GPU only the *launch* of the
+work, and one sample of a noisy quantity. This module does it properly:
 
-* :func:`time_fn` -- warm-up, many runs, robust statistics (median and IQR).
-  On CUDA each run is bracketed by a pair of ``torch.cuda.Event`` and the host
-  synchronises before reading them; on CPU ``torch.utils.benchmark.Timer`` does
-  the measuring.
-* :func:`naive_time_fn` -- the seeds' wrong method, kept only for comparison.
-* :func:`peak_memory` -- extra bytes a call needs at its peak.
-* :func:`compare` -- measures several callables side by side in the same run and
-  reports each one's ratio to a named reference (the suite's key principle: a
-  number is only meaningful next to its limit reference measured on the same
-  machine, in the same process, minutes apart).
+* :func:`time_fn` -- warm-up, many samples, the median and the inter-quartile
+  range. On CUDA each run is bracketed by a pair of ``torch.cuda.Event`` and the
+  host synchronises before reading them; on CPU ``torch.utils.benchmark.Timer``
+  measures. Either way the result, a :class:`Timing`, wraps a
+  ``torch.utils.benchmark`` ``Measurement``.
+* :func:`peak_memory` -- the extra bytes a call needs at its peak.
+* :func:`compare` -- several cases measured side by side, in interleaved rounds,
+  each related to a named reference (:class:`Case` adds parameters and the bytes
+  a case holds between calls).
 * :class:`BenchRecord`, :func:`save_results`, :func:`load_results`,
-  :func:`format_table`, :func:`hardware_info` -- recording and reporting.
-* The standard suite (:func:`default_suite`): attention per encoding x backend x
-  length x pass (:func:`attention_suite`), RoPE apply (:func:`rope_suite`) and a
-  training step of the tiny LM (:func:`lm_suite`), each case next to its limit
-  reference; :func:`parse_args` builds the arguments a suite takes.
-* A command line, ``python -m tutorial_pkg.benchmark``, that runs it (or any
-  other suite, ``--suite module:function``) and writes a JSON results file;
-  ``benchmarks/suite.py`` also checks the book's performance targets.
+  :func:`hardware_info` -- results files that say where they were measured;
+  :func:`format_table` and the generic :func:`text_table` print them.
+
+The suites that use it (attention per encoding and backend, RoPE, a training step
+of the tiny LM), their command line and the articles' own code kept as a baseline
+live in the repository's ``benchmarks/`` folder, not in the package.
 
 Example:
     >>> import torch
@@ -37,12 +32,9 @@ Example:
 
 from __future__ import annotations
 
-import argparse
 import contextlib
-import copy
 import dataclasses
 import datetime
-import importlib
 import json
 import math
 import os
@@ -58,40 +50,36 @@ import numpy as np
 import torch
 import torch.utils.benchmark as torch_benchmark
 
+from ._checks import check_nonneg_int, check_positive_float, check_positive_int
+
 __all__ = [
-    "ATTENTION_ENCODINGS",
     "ATTENTION_LIMIT",
     "ROPE_LIMIT",
     "SCHEMA_VERSION",
-    "SUITE_PARTS",
     "BenchRecord",
     "Case",
     "MemoryStat",
     "Results",
-    "SeedALiBiAttention",
-    "SuiteEntry",
-    "SuiteFn",
     "Timing",
-    "attention_suite",
-    "build_parser",
     "compare",
-    "default_suite",
     "format_table",
     "hardware_info",
-    "lm_suite",
+    "keep_freed_memory",
     "load_results",
-    "main",
-    "naive_time_fn",
-    "parse_args",
     "peak_memory",
     "profiled",
-    "rope_suite",
     "save_results",
+    "text_table",
     "time_fn",
 ]
 
 #: Version of the JSON layout written by :func:`save_results`.
 SCHEMA_VERSION = 1
+#: Name of the attention groups' reference case in the book's results files:
+#: ``scaled_dot_product_attention(is_causal=True)`` with no encoding.
+ATTENTION_LIMIT = "limit: sdpa causal"
+#: Name of the RoPE groups' reference case: a copy of q and k (one read, one write).
+ROPE_LIMIT = "limit: clone q,k"
 
 # Bigger than the L2 cache of current GPUs (H100/H200: 50 MB), so zeroing it
 # evicts whatever the previous run left in L2 (same size as Triton's do_bench).
@@ -104,23 +92,6 @@ _L2_FLUSH_BYTES = 256 * 1024 * 1024
 def _check_callable(name: str, fn: Any) -> None:
     if not callable(fn):
         raise TypeError(f"{name} must be callable (no arguments), got {type(fn).__name__}")
-
-
-def _check_int(name: str, value: Any, minimum: int) -> int:
-    # bool is an int subclass; `warmup=True` is almost surely a mistake.
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
-    if value < minimum:
-        raise ValueError(f"{name} must be >= {minimum}, got {value}")
-    return value
-
-
-def _check_positive(name: str, value: Any) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise TypeError(f"{name} must be a number, got {type(value).__name__}")
-    if not (value > 0 and math.isfinite(value)):
-        raise ValueError(f"{name} must be a finite number > 0, got {value}")
-    return float(value)
 
 
 def _resolve_device(device: str | torch.device | None) -> torch.device:
@@ -161,37 +132,21 @@ def _resolve_device(device: str | torch.device | None) -> torch.device:
 # --------------------------------------------------------------------------- #
 @dataclass(frozen=True)
 class Timing:
-    """Statistics of repeated timings of one callable, in milliseconds.
+    """Repeated timings of one callable: a ``torch.utils.benchmark`` ``Measurement``.
 
     The median and the inter-quartile range (IQR = p75 - p25) are the numbers to
     report: unlike the mean and the standard deviation they are not dragged by
-    the occasional run that an interrupt or another process slowed down.
+    the occasional run that an interrupt or another process slowed down. The
+    statistics are the ``Measurement``'s, in milliseconds.
 
     Attributes:
-        median_ms: Median time per call.
-        p25_ms: 25th percentile.
-        p75_ms: 75th percentile.
-        iqr_ms: ``p75_ms - p25_ms``, the spread.
-        mean_ms: Mean (sensitive to outliers; reported for completeness).
-        min_ms: Fastest run (a lower bound; optimistic).
-        max_ms: Slowest run.
-        n_runs: Number of samples in ``times_ms``.
-        calls_per_run: Calls averaged into one sample (CPU ``Timer`` blocks; 1 on CUDA).
-        times_ms: Every sample, in the order measured.
+        measurement: The ``Measurement``: ``raw_times`` in seconds per block of
+            ``number_per_run`` calls (CPU ``Timer`` blocks; one call per sample on CUDA).
         device: Device the timing was done for (``"cpu"``, ``"cuda:0"``, ...).
-        method: How it was measured (``"cuda-events"``, ``"torch-timer"``, ``"naive-wall-clock"``).
+        method: How it was measured (``"cuda-events"`` or ``"torch-timer"``).
     """
 
-    median_ms: float
-    p25_ms: float
-    p75_ms: float
-    iqr_ms: float
-    mean_ms: float
-    min_ms: float
-    max_ms: float
-    n_runs: int
-    calls_per_run: int
-    times_ms: list[float]
+    measurement: torch_benchmark.Measurement
     device: str
     method: str
 
@@ -199,10 +154,10 @@ class Timing:
     def from_times(
         cls, times_ms: Sequence[float], *, device: str, method: str, calls_per_run: int = 1
     ) -> Timing:
-        """Build the statistics from raw per-call samples (milliseconds).
+        """Wrap per-call samples (milliseconds) in a ``Measurement``.
 
         Args:
-            times_ms: Samples, at least one.
+            times_ms: Samples, at least one; each the mean of ``calls_per_run`` calls.
             device: Device label.
             method: Measuring method label.
             calls_per_run: Calls averaged into each sample.
@@ -212,25 +167,70 @@ class Timing:
 
         Raises:
             ValueError: If ``times_ms`` is empty.
+            TypeError: If ``calls_per_run`` is not an int.
         """
         if len(times_ms) == 0:
             raise ValueError("times_ms must hold at least one sample")
-        arr = np.asarray(times_ms, dtype=np.float64)
-        p25, median, p75 = (float(v) for v in np.percentile(arr, [25, 50, 75]))
-        return cls(
-            median_ms=median,
-            p25_ms=p25,
-            p75_ms=p75,
-            iqr_ms=p75 - p25,
-            mean_ms=float(arr.mean()),
-            min_ms=float(arr.min()),
-            max_ms=float(arr.max()),
-            n_runs=int(arr.size),
-            calls_per_run=int(calls_per_run),
-            times_ms=[float(v) for v in arr],
-            device=device,
-            method=method,
+        check_positive_int("calls_per_run", calls_per_run)
+        measurement = torch_benchmark.Measurement(
+            number_per_run=calls_per_run,
+            raw_times=[float(t) * 1e-3 * calls_per_run for t in times_ms],
+            task_spec=torch_benchmark.utils.common.TaskSpec(stmt="fn()", setup="pass"),
         )
+        return cls(measurement, device, method)
+
+    @property
+    def times_ms(self) -> list[float]:
+        """Every per-call sample, in the order measured."""
+        return [t * 1e3 for t in self.measurement.times]
+
+    def _pct(self, q: float) -> float:
+        return float(np.percentile(np.asarray(self.measurement.times), q)) * 1e3
+
+    @property
+    def median_ms(self) -> float:
+        """Median time per call."""
+        return self.measurement.median * 1e3
+
+    @property
+    def p25_ms(self) -> float:
+        """25th percentile."""
+        return self._pct(25)
+
+    @property
+    def p75_ms(self) -> float:
+        """75th percentile."""
+        return self._pct(75)
+
+    @property
+    def iqr_ms(self) -> float:
+        """``p75_ms - p25_ms``, the spread."""
+        return self.measurement.iqr * 1e3
+
+    @property
+    def mean_ms(self) -> float:
+        """Mean (sensitive to outliers; reported for completeness)."""
+        return self.measurement.mean * 1e3
+
+    @property
+    def min_ms(self) -> float:
+        """Fastest sample (a lower bound; optimistic)."""
+        return min(self.measurement.times) * 1e3
+
+    @property
+    def max_ms(self) -> float:
+        """Slowest sample."""
+        return max(self.measurement.times) * 1e3
+
+    @property
+    def n_runs(self) -> int:
+        """Number of samples."""
+        return len(self.measurement.raw_times)
+
+    @property
+    def calls_per_run(self) -> int:
+        """Calls averaged into one sample."""
+        return self.measurement.number_per_run
 
     def __str__(self) -> str:
         return (
@@ -296,14 +296,14 @@ def time_fn(
     """
     _check_callable("fn", fn)
     dev = _resolve_device(device)
-    _check_int("warmup", warmup, 0)
-    _check_int("min_runs", min_runs, 1)
-    _check_positive("max_time_s", max_time_s)
-    _check_int("max_runs", max_runs, 1)
+    check_nonneg_int("warmup", warmup)
+    check_positive_int("min_runs", min_runs)
+    check_positive_float("max_time_s", max_time_s)
+    check_positive_int("max_runs", max_runs)
     if max_runs < min_runs:
         raise ValueError(f"max_runs ({max_runs}) must be >= min_runs ({min_runs})")
     if num_threads is not None:
-        _check_int("num_threads", num_threads, 1)
+        check_positive_int("num_threads", num_threads)
     if dev.type == "cuda":
         return _time_cuda(fn, dev, warmup, min_runs, max_time_s, max_runs, flush_l2)
     return _time_cpu(fn, warmup, min_runs, max_time_s, num_threads)
@@ -368,46 +368,13 @@ def _time_cpu(
     timer = torch_benchmark.Timer(stmt="fn()", globals={"fn": fn}, num_threads=threads)
     min_run_time = max(max_time_s, 1.1 * min_runs * per_call_s)
     measurement = timer.blocked_autorange(min_run_time=min_run_time)
-    times_s = list(measurement.times)
-    while len(times_s) < min_runs:
+    raw = list(measurement.raw_times)
+    while len(raw) < min_runs:
         # Same block size; Timer.timeit adds a couple of untimed calls first.
-        times_s.extend(timer.timeit(number=measurement.number_per_run).times)
-    return Timing.from_times(
-        [t * 1e3 for t in times_s],
-        device="cpu",
-        method="torch-timer",
-        calls_per_run=measurement.number_per_run,
-    )
-
-
-def naive_time_fn(fn: Callable[[], Any], *, device: str | torch.device | None = None) -> Timing:
-    """Time ``fn`` the way the seeds do -- WRONG, kept for chapter 5's comparison.
-
-    One ``time.time()`` pair around one call: no warm-up (the first call pays
-    lazy initialisation, kernel selection and cold caches), no device
-    synchronisation (on a GPU the call returns as soon as the kernels are
-    *queued*, so this times the launch, not the work, and the unfinished work
-    is billed to whatever runs next), one sample (no idea of the noise), and
-    ``time.time()`` is a wall clock that may be coarse or adjusted mid-run.
-    Use :func:`time_fn`.
-
-    Args:
-        fn: The callable.
-        device: Only recorded in the result; nothing is synchronised.
-
-    Returns:
-        A one-sample :class:`Timing` with ``method="naive-wall-clock"``.
-
-    Raises:
-        TypeError: If ``fn`` is not callable.
-        ValueError: If the device is unknown or absent.
-    """
-    _check_callable("fn", fn)
-    dev = _resolve_device(device)
-    start = time.time()
-    fn()
-    elapsed_ms = (time.time() - start) * 1e3
-    return Timing.from_times([elapsed_ms], device=str(dev), method="naive-wall-clock")
+        raw.extend(timer.timeit(number=measurement.number_per_run).raw_times)
+    if len(raw) > len(measurement.raw_times):
+        measurement = dataclasses.replace(measurement, raw_times=raw)
+    return Timing(measurement, "cpu", "torch-timer")
 
 
 # --------------------------------------------------------------------------- #
@@ -550,7 +517,7 @@ def peak_memory(
     """
     _check_callable("fn", fn)
     dev = _resolve_device(device)
-    _check_int("warmup", warmup, 0)
+    check_nonneg_int("warmup", warmup)
     for _ in range(warmup):
         fn()
     if dev.type == "cuda":
@@ -612,6 +579,44 @@ def _peak_memory_cpu(fn: Callable[[], Any]) -> MemoryStat:
 # --------------------------------------------------------------------------- #
 # Hardware
 # --------------------------------------------------------------------------- #
+def keep_freed_memory(threshold_bytes: int = 32 * 2**20) -> bool:
+    """Ask glibc's ``malloc`` to keep freed blocks for reuse instead of returning them.
+
+    By default glibc serves a large request (over a threshold that adapts between
+    128 KiB and 32 MiB) with a fresh ``mmap`` and gives it back to the OS when freed,
+    so a function that allocates a large output pays a page fault at the first touch
+    of each 4 KiB page, in every call. This sets ``M_MMAP_THRESHOLD`` to
+    ``threshold_bytes`` and ``M_TRIM_THRESHOLD`` to 2 GiB with ``mallopt``, as the
+    environment variables ``MALLOC_MMAP_THRESHOLD_`` and ``MALLOC_TRIM_THRESHOLD_``
+    would at start-up: freed blocks up to that size stay in the process and are
+    reused. It changes the whole process, for the rest of its life.
+
+    Args:
+        threshold_bytes: Largest block kept (glibc caps it at 32 MiB on 64-bit).
+
+    Returns:
+        True if glibc accepted both settings, False elsewhere (other C libraries).
+
+    Raises:
+        TypeError: If ``threshold_bytes`` is not an int.
+        ValueError: If it is not in ``1..32 MiB``.
+    """
+    check_positive_int("threshold_bytes", threshold_bytes)
+    if threshold_bytes > 32 * 2**20:
+        raise ValueError(f"threshold_bytes must be <= 32 MiB (glibc's cap), got {threshold_bytes}")
+    import ctypes
+    import ctypes.util
+
+    try:
+        mallopt = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").mallopt
+    except (OSError, AttributeError, TypeError):
+        return False
+    m_trim_threshold, m_mmap_threshold = -1, -3  # from glibc's malloc.h
+    return bool(mallopt(m_mmap_threshold, threshold_bytes)) and bool(
+        mallopt(m_trim_threshold, 2**31 - 1)
+    )
+
+
 def _cpu_model() -> str:
     try:
         with open("/proc/cpuinfo", encoding="utf-8") as f:
@@ -858,19 +863,62 @@ def _fmt_params(params: Mapping[str, Any]) -> str:
     return " ".join(f"{k}={_jsonable(v)}" for k, v in params.items())
 
 
-def format_table(records: Sequence[BenchRecord]) -> str:
-    """Render records as a fixed-width text table.
+def text_table(
+    header: Sequence[str], rows: Sequence[Sequence[str]], *, left: int = 1
+) -> list[str]:
+    """Lines of a fixed-width text table: a header, a rule, the rows.
+
+    The one formatter behind :func:`format_table` and
+    :func:`tutorial_pkg.experiments.format_table`: columns as wide as their widest
+    cell, the first ``left`` columns (text) left-aligned, the others (numbers)
+    right-aligned, two spaces between columns, no trailing spaces.
+
+    Args:
+        header: Column titles.
+        rows: Cells as strings, one sequence per row, as many as ``header``.
+        left: How many leading columns are left-aligned.
+
+    Returns:
+        The lines, without newlines.
+
+    Raises:
+        ValueError: If a row has another number of cells than ``header``.
+    """
+    check_nonneg_int("left", left)
+    for row in rows:
+        if len(row) != len(header):
+            raise ValueError(f"rows must have {len(header)} cells like header, got {len(row)}")
+    widths = [max(len(str(h)), *(len(str(row[i])) for row in rows)) for i, h in enumerate(header)]
+
+    def line(cells: Sequence[str]) -> str:
+        return "  ".join(
+            str(c).ljust(w) if i < left else str(c).rjust(w)
+            for i, (c, w) in enumerate(zip(cells, widths, strict=True))
+        ).rstrip()
+
+    return [line(header), line(["-" * w for w in widths])] + [line(row) for row in rows]
+
+
+def format_table(
+    records: Sequence[BenchRecord], *, columns: Sequence[str] | None = None
+) -> str:
+    """Render records as a fixed-width text table (one row per record).
 
     Parameters shared by every record are printed once above the table; each row
     shows the rest. ``ratio`` is the median over the group's reference median
     (the reference row shows ``1.00 ref``). ``held MiB`` and ``1st call ms``
-    columns appear when some record has them.
+    appear when some record has them. A failed record prints its error below it.
 
     Args:
         records: The records, in display order.
+        columns: Titles of the columns to keep (``"case"``, ``"median ms"``,
+            ``"ratio"``, ...), to fit a narrow page; default all of them.
 
     Returns:
         The table (no trailing newline); ``"(no records)"`` if empty.
+
+    Raises:
+        ValueError: If ``columns`` names a column the table does not have.
     """
     if not records:
         return "(no records)"
@@ -880,50 +928,39 @@ def format_table(records: Sequence[BenchRecord]) -> str:
         for k in keys
         if all(k in r.params and r.params[k] == records[0].params[k] for r in records)
     }
-    header = ["group", "case", "params", "median ms", "IQR ms", "runs", "ratio", "peak MiB"]
-    extra_cols = [
-        ("held MiB", lambda r: "-" if r.held_bytes is None else f"{r.held_bytes / 2**20:.2f}"),
-        ("1st call ms", lambda r: _fmt_ms(r.first_call_ms)),
+    cols: list[tuple[str, Callable[[BenchRecord], str]]] = [
+        ("group", lambda r: r.group),
+        ("case", lambda r: r.case),
+        ("params", lambda r: _fmt_params({k: v for k, v in r.params.items() if k not in common})),
+        ("median ms", lambda r: "error" if r.error else _fmt_ms(r.median_ms)),
+        ("IQR ms", lambda r: _fmt_ms(r.iqr_ms)),
+        ("runs", lambda r: str(r.n_runs) if r.n_runs else "-"),
+        ("ratio", lambda r: "-" if r.ratio is None
+         else f"{r.ratio:.2f}" + (" ref" if r.case == r.reference else "")),
+        ("peak MiB", lambda r: "-" if r.peak_mib is None else f"{r.peak_mib:.2f}"),
     ]
-    # optional columns appear only when some record has the value
-    extra_cols = [
-        (title, fmt) for title, fmt in extra_cols
-        if any(getattr(r, "held_bytes" if title == "held MiB" else "first_call_ms") is not None
-               for r in records)
-    ]
-    header += [title for title, _ in extra_cols]
-    rows = []
-    for r in records:
-        own = {k: v for k, v in r.params.items() if k not in common}
-        if r.ratio is None:
-            ratio = "-"
-        else:
-            ratio = f"{r.ratio:.2f}" + (" ref" if r.case == r.reference else "")
-        peak = "-" if r.peak_mib is None else f"{r.peak_mib:.2f}"
-        row = [r.group, r.case, _fmt_params(own), _fmt_ms(r.median_ms), _fmt_ms(r.iqr_ms),
-               str(r.n_runs) if r.n_runs else "-", ratio, peak]
-        row += [fmt(r) for _, fmt in extra_cols]
+    if any(r.held_bytes is not None for r in records):
+        cols.append(("held MiB", lambda r: "-" if r.held_bytes is None
+                     else f"{r.held_bytes / 2**20:.2f}"))
+    if any(r.first_call_ms is not None for r in records):
+        cols.append(("1st call ms", lambda r: _fmt_ms(r.first_call_ms)))
+    if columns is not None:
+        titles = [title for title, _ in cols]
+        unknown = [c for c in columns if c not in titles]
+        if unknown:
+            raise ValueError(f"columns: unknown {unknown}; the table has {titles}")
+        cols = [col for col in cols if col[0] in columns]
+    if all(not fmt(r) for title, fmt in cols if title == "params" for r in records):
+        cols = [col for col in cols if col[0] != "params"]  # nothing left to show there
+    n_left = sum(title in ("group", "case", "params") for title, _ in cols)
+    lines = text_table([t for t, _ in cols], [[fmt(r) for _, fmt in cols] for r in records],
+                       left=n_left)
+    out = [f"common: {_fmt_params(common)}"] if common else []
+    out += lines[:2]
+    for r, line in zip(records, lines[2:], strict=True):
+        out.append(line)
         if r.error:
-            row[3] = "error"
-        rows.append((row, r.error))
-    widths = [max(len(h), *(len(row[i]) for row, _ in rows)) for i, h in enumerate(header)]
-    left = {0, 1, 2}  # text columns left-aligned, numbers right-aligned
-
-    def line(cells: Sequence[str]) -> str:
-        return "  ".join(
-            c.ljust(w) if i in left else c.rjust(w)
-            for i, (c, w) in enumerate(zip(cells, widths, strict=True))
-        ).rstrip()
-
-    out = []
-    if common:
-        out.append(f"common: {_fmt_params(common)}")
-    out.append(line(header))
-    out.append(line(["-" * w for w in widths]))
-    for row, error in rows:
-        out.append(line(row))
-        if error:
-            out.append(f"    ! {error}")
+            out.append(f"    ! {r.error}")
     return "\n".join(out)
 
 
@@ -1024,12 +1061,12 @@ def compare(
         helds[name] = spec.held if isinstance(spec, Case) else None
         case_params[name] = {**(params or {}), **extra}
     dev = _resolve_device(device)
-    _check_int("rounds", rounds, 1)
+    check_positive_int("rounds", rounds)
     # Checked here, not left to time_fn: inside the loop below a bad argument
     # would be caught and recorded as a failure of every case.
-    _check_int("warmup", warmup, 0)
-    _check_int("min_runs", min_runs, 1)
-    _check_positive("max_time_s", max_time_s)
+    check_nonneg_int("warmup", warmup)
+    check_positive_int("min_runs", min_runs)
+    check_positive_float("max_time_s", max_time_s)
 
     # The reference goes first in every round: if it fails, we know early.
     order = [reference] + [n for n in fns if n != reference]
@@ -1118,517 +1155,3 @@ def _after_failure(dev: torch.device) -> None:
             torch.cuda.empty_cache()
         except RuntimeError:  # a sticky CUDA error: the next case will report it too
             pass
-
-
-# --------------------------------------------------------------------------- #
-# Suite and command line
-# --------------------------------------------------------------------------- #
-class SuiteEntry(NamedTuple):
-    """One group of a suite: cases measured side by side with their reference.
-
-    Attributes:
-        group: Group label.
-        cases: Case name -> zero-argument callable (or :class:`Case`).
-        reference: Name of the reference case in ``cases``.
-        params: Parameters shared by the group's cases.
-    """
-
-    group: str
-    cases: Mapping[str, Callable[[], Any] | Case]
-    reference: str
-    params: Mapping[str, Any]
-
-
-#: The type of a suite, parsed CLI arguments -> groups to measure (generated lazily, so only
-#: one group's inputs need to exist at a time).
-SuiteFn = Callable[[argparse.Namespace], Iterable[SuiteEntry]]
-
-#: Presets of the command line (``--quick`` is a smoke test, not a measurement).
-_QUICK = {
-    "lengths": [64, 128], "warmup": 1, "min_runs": 3, "max_time": 0.02, "rounds": 1,
-    "passes": ["fwd"], "backends": ["naive", "sdpa", "auto"], "rope_shape": [1, 4, 128, 64],
-    "lm_batch": 4, "lm_len": 32,
-}
-_FULL = {
-    "warmup": 3, "min_runs": 5, "max_time": 0.5, "rounds": 3, "passes": ["fwd", "fwd+bwd"],
-    "backends": ["naive", "sdpa", "flex", "auto"], "rope_shape": [4, 8, 2048, 64],
-    "lm_batch": 32, "lm_len": 64,
-}
-_FULL_LENGTHS = {"cpu": [512, 1024, 2048, 4096], "cuda": [1024, 2048, 4096, 8192, 16384]}
-#: Parts of the standard suite, in the order they run.
-SUITE_PARTS = ("attention", "rope", "lm")
-#: The encodings of the attention part; the others (sinusoidal, learned) act on the
-#: embeddings, so their attention is NoPE's; they appear in the ``lm`` part.
-ATTENTION_ENCODINGS = ("nope", "rope", "alibi", "hybrid")
-#: The name of the attention part's limit reference, PyTorch's fused causal attention
-#: without any encoding. Nothing that attends causally can do much better.
-ATTENTION_LIMIT = "limit: sdpa causal"
-#: The name of the RoPE part's limit reference, copying q and k (one read, one write).
-ROPE_LIMIT = "limit: clone q,k"
-
-
-def _naive_causal_attention(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor
-) -> torch.Tensor:
-    """The textbook causal attention: matmul, mask, softmax, matmul.
-
-    It materialises the (L, L) score and probability matrices per head, which
-    is exactly what fused kernels avoid.
-    """
-    scores = (q @ k.transpose(-2, -1)) * (q.shape[-1] ** -0.5)
-    scores = scores.masked_fill(mask, float("-inf"))
-    return torch.softmax(scores, dim=-1) @ v
-
-
-def _sdpa_causal(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-    return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
-
-
-class SeedALiBiAttention:
-    """The source articles' ALiBi attention, reconstructed from their description.
-
-    Kept only as a measured point of comparison (chapters 3 and 5): slopes as in
-    Press et al.'s ``get_slopes``; the bias ``-m (i - j)`` precomputed into a
-    fixed ``(H, max_len, max_len)`` buffer in ``__init__`` and sliced (the
-    articles use ``max_len=2048``, so their code breaks past 2048 tokens); a causal
-    mask built on every call with ``torch.tril``; ``masked_fill(mask == 0, -inf)``;
-    softmax; weighted sum. Everything ``L x L`` is materialised, in float32.
-
-    Args:
-        n_heads: heads.
-        max_len: side of the precomputed buffer.
-        device: where the buffer lives.
-    """
-
-    def __init__(self, n_heads: int, max_len: int = 2048, device=None) -> None:
-        from .alibi import alibi_slopes
-
-        slopes = alibi_slopes(n_heads, device=device)
-        pos = torch.arange(max_len, device=device)
-        distance = (pos[:, None] - pos[None, :]).float()
-        self.alibi_biases = -slopes[:, None, None] * distance  # (H, max_len, max_len)
-
-    def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        """``[b, H, L, d]`` heads in, attention output out (float32 arithmetic)."""
-        L = q.shape[-2]
-        scores = (q.float() @ k.float().transpose(-2, -1)) / math.sqrt(q.shape[-1])
-        scores = scores + self.alibi_biases[:, :L, :L]  # past max_len: a shape error
-        mask = torch.tril(torch.ones(L, L, device=q.device))
-        scores = scores.masked_fill(mask == 0, float("-inf"))
-        return (torch.softmax(scores, dim=-1) @ v.float()).to(q.dtype)
-
-
-def _held_bytes(*modules: Any) -> int:
-    """Bytes of the buffers and caches a module keeps between calls (encodings, seeds)."""
-    from . import backends
-    from .encodings import PositionEncoding
-
-    seen: set[int] = set()
-    total = 0
-
-    def add(t: Any) -> None:
-        nonlocal total
-        if isinstance(t, torch.Tensor) and t.numel():
-            storage = t.untyped_storage()
-            if storage.data_ptr() not in seen:  # views of one cache count once
-                seen.add(storage.data_ptr())
-                total += storage.nbytes()
-
-    for m in modules:
-        if isinstance(m, torch.nn.Module):
-            for sub in m.modules():
-                for t in sub.buffers(recurse=False):
-                    add(t)
-                if isinstance(sub, PositionEncoding):  # tables cached by the backends
-                    for t in backends.cached_tensors(sub):
-                        add(t)
-        else:
-            for t in vars(m).values():
-                add(t)
-    return total
-
-
-def _unsupported(reason: str) -> Callable[[], Any]:
-    def run() -> Any:
-        raise NotImplementedError(reason)
-
-    return run
-
-
-def _make_call(
-    attn: Callable[..., torch.Tensor],
-    inputs: Sequence[torch.Tensor],
-    pass_: str,
-    grad_out: torch.Tensor | None,
-) -> Callable[[], Any]:
-    if pass_ == "fwd":
-        def run() -> Any:
-            # the inference path: no autograd graph (FlexAttention on CPU needs it)
-            with torch.no_grad():
-                return attn(*inputs)
-    else:
-        def run() -> Any:
-            # autograd.grad returns the gradients instead of accumulating them
-            # into .grad, so every call does the same work and memory is not
-            # held between calls.
-            out = attn(*inputs)
-            return torch.autograd.grad(out, inputs[:3], grad_out)
-    return run
-
-
-def _suite_dtype(args: argparse.Namespace) -> torch.dtype:
-    return getattr(torch, args.dtype)
-
-
-def attention_suite(args: argparse.Namespace) -> Iterator[SuiteEntry]:
-    """Attention alone, per length and pass: every encoding x backend next to the limit.
-
-    One group per (length, pass). In each: the limit reference
-    (:data:`ATTENTION_LIMIT`, ``scaled_dot_product_attention(..., is_causal=True)``
-    without any encoding), then ``{encoding}/{backend}`` for
-    ``args.encodings`` x ``args.backends`` through
-    :meth:`~tutorial_pkg.attention.MultiHeadAttention.attend` (q, k, v already
-    projected: projections cost the same for every case and would only dilute the
-    ratios), and for ALiBi two extra points: ``alibi/seed``
-    (:class:`SeedALiBiAttention`, its buffer grown to the length) and
-    ``alibi/sdpa-3d-mask`` (the bias passed as a 3-D ``(H, L, L)`` mask, which
-    CPU SDPA silently runs on its slow math path). ``auto`` is listed only for
-    encodings with a bias (otherwise it is the ``sdpa`` path). ``flex`` has no CPU
-    backward in torch 2.13: that case is recorded as an error, not measured.
-
-    ``fwd`` runs under ``torch.no_grad()`` (inference); ``fwd+bwd`` returns the
-    gradients of q, k, v. Every case of an encoding gets its own encoding object,
-    so each record's ``held_bytes`` is that path's own cache.
-
-    Args:
-        args: Parsed arguments (``device``, ``dtype``, ``lengths``, ``passes``,
-            ``batch``, ``heads``, ``head_dim``, ``encodings``, ``backends``).
-
-    Yields:
-        One :class:`SuiteEntry` per (length, pass); inputs are created when the
-        entry is generated, so only one group's tensors are alive at a time.
-    """
-    from . import backends
-    from .attention import MultiHeadAttention
-    from .encodings import make_encoding
-
-    device = torch.device(args.device)
-    dtype = _suite_dtype(args)
-    batch, heads, head_dim = args.batch, args.heads, args.head_dim
-    for seq_len in args.lengths:
-        for pass_ in args.passes:
-            train = pass_ == "fwd+bwd"
-            gen = torch.Generator().manual_seed(seq_len)  # same inputs on every run
-            shape = (batch, heads, seq_len, head_dim)
-            q, k, v = (
-                torch.randn(shape, generator=gen).to(device=device, dtype=dtype)
-                .requires_grad_(train)
-                for _ in range(3)
-            )
-            grad_out = torch.randn(shape, generator=gen).to(device, dtype) if train else None
-            cases: dict[str, Case] = {
-                ATTENTION_LIMIT: Case(_make_call(_sdpa_causal, (q, k, v), pass_, grad_out),
-                                      {"encoding": "none", "backend": "sdpa"}),
-            }
-            for enc_name in args.encodings:
-                for backend in args.backends:
-                    enc = make_encoding(enc_name, d_model=heads * head_dim, n_heads=heads,
-                                        max_len=seq_len)
-                    if backend == "auto" and enc.key_bias(torch.arange(1)) is None:
-                        continue  # auto is exactly the sdpa path here
-                    layer = MultiHeadAttention(heads * head_dim, heads, enc, backend=backend)
-                    layer = layer.to(device)
-                    if backend == "flex" and train and device.type == "cpu":
-                        fn = _unsupported("FlexAttention has no CPU backward in this torch")
-                    else:
-                        fn = _make_call(layer.attend, (q, k, v), pass_, grad_out)
-                    cases[f"{enc_name}/{backend}"] = Case(
-                        fn, {"encoding": enc_name, "backend": backend},
-                        held=lambda enc=enc: _held_bytes(enc),
-                    )
-                if enc_name == "alibi":
-                    seed = SeedALiBiAttention(heads, max(2048, seq_len), device=device)
-                    cases["alibi/seed"] = Case(
-                        _make_call(seed, (q, k, v), pass_, grad_out),
-                        {"encoding": "alibi", "backend": "seed"},
-                        held=lambda seed=seed: _held_bytes(seed),
-                    )
-                    enc3 = make_encoding("alibi", n_heads=heads)
-                    bias3 = backends.cached_bias(enc3, 0, seq_len, seq_len, causal=True,
-                                                 device=device, dtype=dtype)[0]  # 3-D mask
-
-                    def sdpa_3d(q_, k_, v_, bias3=bias3):
-                        return torch.nn.functional.scaled_dot_product_attention(
-                            q_, k_, v_, attn_mask=bias3)
-
-                    cases["alibi/sdpa-3d-mask"] = Case(
-                        _make_call(sdpa_3d, (q, k, v), pass_, grad_out),
-                        {"encoding": "alibi", "backend": "sdpa-3d-mask"},
-                        held=lambda enc3=enc3: _held_bytes(enc3),
-                    )
-            params = {
-                "op": "attention", "seq_len": seq_len, "batch": batch, "heads": heads,
-                "head_dim": head_dim, "dtype": args.dtype, "pass": pass_,
-            }
-            yield SuiteEntry(f"attn L={seq_len} {pass_}", cases, ATTENTION_LIMIT, params)
-
-
-def rope_suite(args: argparse.Namespace) -> Iterator[SuiteEntry]:
-    """Applying RoPE to q and k, per dtype, next to copying them (:data:`ROPE_LIMIT`).
-
-    Cases: ``apply_rope`` (the readable reference form), ``rotate`` (the package's
-    :class:`~tutorial_pkg.rope.RotaryEmbedding` on q and k, three passes each),
-    ``rotate fused`` (the same with ``fused=True``: one compiled call for q and k;
-    its compile time is the record's ``first_call_ms``), ``rotate_half`` (Hugging Face's
-    ``x * cos + rotate_half(x) * sin``) and ``complex`` (Meta's
-    ``view_as_complex`` form, interleaved layout; float32 arithmetic). Shape
-    ``args.rope_shape`` = (batch, heads, length, head_dim); dtypes float32 and
-    bfloat16 (float16 too on CUDA). Inference (no autograd).
-
-    Every call allocates its outputs with the default allocator, as a model
-    would; on Linux, large blocks come back from the OS and each first touch of
-    a page faults (~1 us per 4 KiB page here), which is part of what is
-    measured, for the reference as for the cases.
-    """
-    device = torch.device(args.device)
-    dtypes = ["float32", "bfloat16"] + (["float16"] if device.type == "cuda" else [])
-    for dtype_name in dtypes:
-        yield _rope_entry(device, tuple(args.rope_shape), dtype_name)
-
-
-def _rope_entry(device: torch.device, shape: tuple[int, ...], dtype_name: str) -> SuiteEntry:
-    from .rope import RotaryEmbedding, apply_rope, apply_rope_complex, precompute_freqs_cis
-    from .rope import rotate_half as hf_rotate_half
-
-    b, h, s, d = shape
-    dtype = getattr(torch, dtype_name)
-    gen = torch.Generator().manual_seed(s)
-    q, k = (torch.randn(b, h, s, d, generator=gen).to(device, dtype) for _ in range(2))
-    eager = RotaryEmbedding(d).to(device)
-    fused = RotaryEmbedding(d, fused=True).to(device)
-    cos, sin = eager.cos_sin(start=0, length=s)
-    cos_full = torch.cat((cos, cos), -1).to(dtype)
-    sin_full = torch.cat((sin, sin), -1).to(dtype)
-    freqs = precompute_freqs_cis(d, s).to(device)
-
-    def run(fn: Callable[[torch.Tensor], torch.Tensor]) -> Callable[[], Any]:
-        def call() -> Any:
-            with torch.no_grad():
-                return fn(q), fn(k)
-        return call
-
-    def run_pair(module: torch.nn.Module) -> Callable[[], Any]:
-        def call() -> Any:
-            with torch.no_grad():
-                return module(q, k)  # RotaryEmbedding.forward: q and k at positions 0..s-1
-        return call
-
-    cases = {
-        ROPE_LIMIT: Case(run(torch.clone), {"impl": "clone"}),
-        "apply_rope": Case(run(lambda x: apply_rope(x, cos, sin)), {"impl": "reference"}),
-        "rotate": Case(run_pair(eager), {"impl": "eager"}),
-        "rotate fused": Case(run_pair(fused), {"impl": "compiled"}),
-        "rotate_half": Case(run(lambda x: x * cos_full + hf_rotate_half(x) * sin_full),
-                            {"impl": "hugging face"}),
-        "complex": Case(run(lambda x: apply_rope_complex(x, freqs)), {"impl": "meta"}),
-    }
-    params = {"op": "rope", "shape": [b, h, s, d], "dtype": dtype_name, "pass": "fwd"}
-    return SuiteEntry(f"rope {dtype_name}", cases, ROPE_LIMIT, params)
-
-
-def lm_suite(args: argparse.Namespace) -> Iterator[SuiteEntry]:
-    """One training step of the tiny LM per encoding, next to the NoPE step.
-
-    The step: zero the gradients, forward, cross-entropy, backward, AdamW step,
-    on a batch of ``args.lm_batch`` windows of ``args.lm_len`` tokens, with the
-    model of chapter 7 (d_model 96, 3 layers, 4 heads) on the ``"auto"`` backend,
-    plus ``alibi (sdpa backend)`` for comparison. The reference is ``nope``:
-    the same model with no position information, i.e. what a step costs before
-    any encoding adds work.
-    """
-    from .model import TinyLM
-
-    device = torch.device(args.device)
-    batch, length = args.lm_batch, args.lm_len
-    gen = torch.Generator().manual_seed(0)
-    ids = torch.randint(0, 256, (batch, length + 1), generator=gen).to(device)
-    x, y = ids[:, :-1], ids[:, 1:]
-    encodings = ["nope", "sinusoidal", "learned", "rope", "alibi", "hybrid"]
-    variants = [(name, "auto") for name in encodings] + [("alibi", "sdpa")]
-    cases: dict[str, Case] = {}
-    for name, backend in variants:
-        model = TinyLM(name, d_model=96, n_layers=3, n_heads=4, max_len=length,
-                       backend=backend).to(device)
-        opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-
-        def step(model=model, opt=opt) -> Any:
-            opt.zero_grad(set_to_none=True)
-            loss = model.loss(x, y)
-            loss.backward()
-            opt.step()
-            return loss.detach()
-
-        label = name if backend == "auto" else f"{name} ({backend} backend)"
-        cases[label] = Case(step, {"encoding": name, "backend": backend},
-                            held=lambda model=model: _held_bytes(model.encoding))
-    params = {"op": "lm train step", "batch": batch, "seq_len": length, "d_model": 96,
-              "layers": 3, "heads": 4, "pass": "fwd+bwd+adamw"}
-    yield SuiteEntry(f"lm step L={length}", cases, "nope", params)
-
-
-def default_suite(args: argparse.Namespace) -> Iterator[SuiteEntry]:
-    """The standard suite: the parts in ``args.parts`` (default all of :data:`SUITE_PARTS`).
-
-    ``attention`` (:func:`attention_suite`), ``rope`` (:func:`rope_suite`) and
-    ``lm`` (:func:`lm_suite`); each group measures its cases side by side with
-    its limit reference. ``benchmarks/suite.py`` runs it and checks the book's
-    performance targets; any other suite can be run with ``--suite
-    module:function`` (a function with this signature).
-
-    Args:
-        args: Parsed and completed arguments of :func:`build_parser`.
-
-    Yields:
-        :class:`SuiteEntry` groups, generated lazily.
-    """
-    parts = {"attention": attention_suite, "rope": rope_suite, "lm": lm_suite}
-    for part in getattr(args, "parts", None) or SUITE_PARTS:
-        yield from parts[part](args)
-
-
-def _load_suite(spec: str) -> SuiteFn:
-    module_name, sep, attr = spec.partition(":")
-    if not sep or not module_name or not attr:
-        raise ValueError(f"--suite must look like 'module:function', got {spec!r}")
-    suite = getattr(importlib.import_module(module_name), attr)
-    _check_callable("--suite", suite)
-    return suite
-
-
-def build_parser() -> argparse.ArgumentParser:
-    """The command line's parser (suites may read any of its arguments)."""
-    p = argparse.ArgumentParser(
-        prog="python -m tutorial_pkg.benchmark",
-        description="Time and measure memory of benchmark cases side by side with their "
-        "reference, print a table of ratios and write a JSON results file.",
-    )
-    p.add_argument("--out", type=Path, default=None, help="JSON results file to write")
-    p.add_argument("--quick", action="store_true",
-                   help="tiny sizes, few runs (a smoke test, not a measurement)")
-    p.add_argument("--device", choices=["cpu", "cuda"], default=None,
-                   help="default: cuda if available, else cpu")
-    p.add_argument("--lengths", type=int, nargs="+", default=None, metavar="L",
-                   help="sequence lengths (default depends on --device and --quick)")
-    p.add_argument("--passes", nargs="+", choices=["fwd", "fwd+bwd"], default=None)
-    p.add_argument("--dtype", choices=["float32", "float16", "bfloat16"], default=None,
-                   help="default: float16 on cuda, float32 on cpu")
-    p.add_argument("--batch", type=int, default=1)
-    p.add_argument("--heads", type=int, default=8)
-    p.add_argument("--head-dim", type=int, default=64)
-    p.add_argument("--parts", nargs="+", choices=list(SUITE_PARTS), default=None,
-                   help="parts of the standard suite to run (default: all)")
-    p.add_argument("--encodings", nargs="+", choices=list(ATTENTION_ENCODINGS), default=None,
-                   help="encodings of the attention part (default: all four)")
-    p.add_argument("--backends", nargs="+", choices=["naive", "sdpa", "flex", "auto"],
-                   default=None, help="attention backends (default: all; --quick: no flex)")
-    p.add_argument("--rope-shape", type=int, nargs=4, default=None, metavar=("B", "H", "S", "D"),
-                   help="q/k shape of the rope part (default 4 8 2048 64)")
-    p.add_argument("--lm-batch", type=int, default=None, help="batch of the lm part (32)")
-    p.add_argument("--lm-len", type=int, default=None, help="window of the lm part (64)")
-    p.add_argument("--warmup", type=int, default=None)
-    p.add_argument("--min-runs", type=int, default=None)
-    p.add_argument("--max-time", type=float, default=None, help="seconds per case and round")
-    p.add_argument("--rounds", type=int, default=None,
-                   help="interleaved measuring rounds over a group's cases (default 3)")
-    p.add_argument("--threads", type=int, default=None,
-                   help="torch CPU threads for this process (default: torch's own)")
-    p.add_argument("--no-memory", action="store_true", help="skip peak-memory measurement")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar")
-    p.add_argument("--suite", default=None, metavar="MODULE:FUNCTION",
-                   help="suite to run instead of default_suite")
-    return p
-
-
-def _finish_args(args: argparse.Namespace) -> argparse.Namespace:
-    """Fill the defaults that depend on --device and --quick."""
-    args.device = str(_resolve_device(args.device))
-    kind = torch.device(args.device).type
-    preset = _QUICK if args.quick else _FULL
-    if args.lengths is None:
-        args.lengths = list(preset.get("lengths", _FULL_LENGTHS[kind]))
-    if args.passes is None:
-        args.passes = list(preset["passes"])
-    if args.dtype is None:
-        args.dtype = "float16" if kind == "cuda" else "float32"
-    for name in ("warmup", "min_runs", "max_time", "rounds", "backends", "rope_shape",
-                 "lm_batch", "lm_len"):
-        if getattr(args, name, None) is None:
-            setattr(args, name, copy.copy(preset[name]))
-    if getattr(args, "encodings", None) is None:
-        args.encodings = list(ATTENTION_ENCODINGS)
-    if getattr(args, "parts", None) is None:
-        args.parts = list(SUITE_PARTS)
-    return args
-
-
-def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
-    """Command-line style arguments, parsed and completed: what a suite function takes.
-
-    Example: ``attention_suite(parse_args(["--lengths", "256", "--passes", "fwd"]))``.
-    """
-    return _finish_args(build_parser().parse_args([] if argv is None else list(argv)))
-
-
-def main(argv: Sequence[str] | None = None, *, suite: SuiteFn | None = None) -> int:
-    """Run a suite, print the table, optionally write the JSON results file.
-
-    Args:
-        argv: Command-line arguments (default: ``sys.argv[1:]``).
-        suite: Suite function; default ``--suite`` if given, else :func:`default_suite`.
-
-    Returns:
-        The exit status (0).
-    """
-    from tqdm import tqdm
-
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    try:
-        args = _finish_args(args)
-        if suite is None:
-            suite = _load_suite(args.suite) if args.suite else default_suite
-    except (ValueError, ImportError, AttributeError, TypeError) as exc:
-        parser.error(str(exc))
-    if args.threads is not None:
-        if args.threads < 1:
-            parser.error(f"--threads must be >= 1, got {args.threads}")
-        torch.set_num_threads(args.threads)  # the CLI is the caller: its choice to make
-
-    hardware = hardware_info(args.device)
-    print(f"{hardware['device_name']} ({hardware['device']}), torch {hardware['torch']}, "
-          f"{hardware['num_threads']} threads, load average {hardware['loadavg']}", flush=True)
-    entries = suite(args)
-    total = sum(len(e.cases) for e in entries) if isinstance(entries, Sequence) else None
-    records: list[BenchRecord] = []
-    with tqdm(total=total, unit="case", disable=args.no_progress, file=sys.stderr) as bar:
-        for group, cases, reference, params in entries:
-            bar.set_description(group)
-            group_records = compare(
-                cases, reference, device=args.device, group=group, params=params,
-                warmup=args.warmup, min_runs=args.min_runs, max_time_s=args.max_time,
-                rounds=args.rounds, measure_memory=not args.no_memory,
-                on_case_done=lambda _name: bar.update(1),
-            )
-            records.extend(group_records)
-            # one table per group as soon as it is measured (long runs show progress)
-            bar.clear()
-            print(format_table(group_records) + "\n", flush=True)
-    hardware["loadavg_end"] = _loadavg()
-    if args.out is not None:
-        save_results(records, args.out, hardware)
-        print(f"wrote {args.out}")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
