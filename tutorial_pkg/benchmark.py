@@ -184,53 +184,20 @@ class Timing:
         """Every per-call sample, in the order measured."""
         return [t * 1e3 for t in self.measurement.times]
 
+    # The statistics, in milliseconds per call, read from the Measurement.
+    median_ms = property(lambda self: self.measurement.median * 1e3, doc="Median.")
+    iqr_ms = property(lambda self: self.measurement.iqr * 1e3, doc="``p75_ms - p25_ms``.")
+    mean_ms = property(lambda self: self.measurement.mean * 1e3, doc="Mean (outliers drag it).")
+    p25_ms = property(lambda self: self._pct(25), doc="25th percentile.")
+    p75_ms = property(lambda self: self._pct(75), doc="75th percentile.")
+    min_ms = property(lambda self: min(self.measurement.times) * 1e3, doc="Fastest sample.")
+    max_ms = property(lambda self: max(self.measurement.times) * 1e3, doc="Slowest sample.")
+    n_runs = property(lambda self: len(self.measurement.raw_times), doc="Number of samples.")
+    calls_per_run = property(lambda self: self.measurement.number_per_run,
+                             doc="Calls averaged into one sample.")
+
     def _pct(self, q: float) -> float:
         return float(np.percentile(np.asarray(self.measurement.times), q)) * 1e3
-
-    @property
-    def median_ms(self) -> float:
-        """Median time per call."""
-        return self.measurement.median * 1e3
-
-    @property
-    def p25_ms(self) -> float:
-        """25th percentile."""
-        return self._pct(25)
-
-    @property
-    def p75_ms(self) -> float:
-        """75th percentile."""
-        return self._pct(75)
-
-    @property
-    def iqr_ms(self) -> float:
-        """``p75_ms - p25_ms``, the spread."""
-        return self.measurement.iqr * 1e3
-
-    @property
-    def mean_ms(self) -> float:
-        """Mean (sensitive to outliers; reported for completeness)."""
-        return self.measurement.mean * 1e3
-
-    @property
-    def min_ms(self) -> float:
-        """Fastest sample (a lower bound; optimistic)."""
-        return min(self.measurement.times) * 1e3
-
-    @property
-    def max_ms(self) -> float:
-        """Slowest sample."""
-        return max(self.measurement.times) * 1e3
-
-    @property
-    def n_runs(self) -> int:
-        """Number of samples."""
-        return len(self.measurement.raw_times)
-
-    @property
-    def calls_per_run(self) -> int:
-        """Calls averaged into one sample."""
-        return self.measurement.number_per_run
 
     def __str__(self) -> str:
         return (

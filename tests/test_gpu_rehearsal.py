@@ -1,0 +1,180 @@
+"""A CPU rehearsal of chapter 5's GPU path, so that a dtype bug shows before anyone opens Colab.
+
+On a GPU, chapter 5 runs in float16 and the attention kernels follow other rules than on a
+CPU: a float mask must have q's dtype (so the cached table is cast per call), and the fused
+kernels cannot take a float32 key row together with ``is_causal`` (so ``"auto"`` falls back
+to the cached table). Both rules are switches of ``tutorial_pkg.backends``; here they are set
+the GPU's way on the CPU, the chapter's own memory cell (tagged ``gpu-rehearsal``) is run on
+suite records measured in float16 and bfloat16, and the half-precision paths are checked
+against the float64 oracle. The old cell (``n_bias = H * L * L * 4`` and an unconditional
+"auto holds one row") fails this rehearsal; the test says so.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import nbformat
+import pytest
+import torch
+
+import tutorial_pkg as tp
+from benchmarks import suite as bs
+from tutorial_pkg import backends
+from tutorial_pkg import benchmark as bm
+from tutorial_pkg.rope import _apply_rope_fast, _chunkable, _rope_half_chunked
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+CHAPTER = Path(__file__).resolve().parents[1] / "book" / "05_benchmarking.ipynb"
+HALF = [torch.float16, torch.bfloat16]
+#: The chapter's memory cell as it was before it counted bytes by dtype (kept to show that
+#: this rehearsal catches it).
+OLD_CELL = """
+n_bias = H * L_MAX * L_MAX * 4  # bytes of one (H, L, L) float32 tensor
+limit = rec(bm.ATTENTION_LIMIT)
+assert rec("alibi/naive").peak_bytes >= n_bias
+assert rec("alibi/article").held_bytes >= n_bias
+assert rec("alibi/sdpa").held_bytes >= n_bias
+assert rec("alibi/auto").held_bytes < n_bias / 100
+assert rec("alibi/auto").peak_bytes <= 1.5 * limit.peak_bytes
+"""
+
+
+def _chapter_cell(tag: str) -> str:
+    nb = nbformat.read(CHAPTER, as_version=4)
+    (cell,) = [c for c in nb.cells if tag in c.metadata.get("tags", [])]
+    return cell.source
+
+
+@pytest.fixture
+def gpu_rules(monkeypatch):
+    """The GPU's SDPA rules on the CPU: masks in q's dtype, no float32 key row with is_causal."""
+    monkeypatch.setattr(backends, "_FLOAT32_MASK_DEVICES", set())
+    monkeypatch.setattr(backends, "_key_row_ok",
+                        {("cpu", dt, gqa): False for dt in HALF for gqa in (False, True)})
+    yield
+    backends.clear_caches()
+
+
+def _namespace(dtype: torch.dtype, lengths=(64, 128), heads=2, head_dim=16) -> dict:
+    """What the chapter's memory cell reads: suite records and the chapter's helpers."""
+    dtype_name = str(dtype).removeprefix("torch.")
+    args = bs.parse_args(["--device", "cpu", "--dtype", dtype_name, "--heads", str(heads),
+                          "--head-dim", str(head_dim), "--lengths", *map(str, lengths),
+                          "--passes", "fwd", "--encodings", "alibi",
+                          "--backends", "naive", "sdpa", "auto"])
+    records = []
+    for entry in bs.attention_suite(args):
+        records += bm.compare(entry.cases, entry.reference, device="cpu", group=entry.group,
+                              params=entry.params, warmup=0, min_runs=1, max_time_s=0.001)
+    assert not [r.error for r in records if r.error]
+
+    def rec(case, length=lengths[-1], pool=records):
+        (r,) = [r for r in pool if r.case == case and r.params["seq_len"] == length]
+        return r
+
+    return {"torch": torch, "tp": tp, "bm": bm, "device": "cpu", "DTYPE": dtype_name,
+            "H": heads, "D": head_dim, "LENGTHS": list(lengths), "L_MAX": lengths[-1],
+            "BACKENDS": ["naive", "sdpa", "auto"], "records": records, "rec": rec}
+
+
+@pytest.mark.parametrize("dtype", HALF, ids=str)
+def test_chapter5_memory_cell_holds_in_half_precision_with_gpu_rules(gpu_rules, dtype):
+    ns = _namespace(dtype)
+    assert not backends.key_row_supported(torch.device("cpu"), dtype, False)
+    exec(_chapter_cell("gpu-rehearsal"), ns)  # the chapter's own asserts
+    assert ns["row_ok"] is False
+    # "auto" is the cached-table path here: it holds the float32 table, as the cell says
+    assert ns["rec"]("alibi/auto").held_bytes >= ns["bias_bytes"]("alibi/sdpa")
+
+
+@pytest.mark.parametrize("dtype", HALF, ids=str)
+def test_chapter5_memory_cell_holds_in_half_precision_with_cpu_rules(dtype):
+    ns = _namespace(dtype)
+    exec(_chapter_cell("gpu-rehearsal"), ns)
+    assert ns["row_ok"] is True  # the CPU kernel takes the float32 row: nothing L x L held
+    assert ns["rec"]("alibi/auto").held_bytes < ns["bias_bytes"]("alibi/sdpa") / 100
+    backends.clear_caches()
+
+
+def test_the_old_float32_byte_count_fails_the_rehearsal(gpu_rules):
+    ns = _namespace(torch.float16)
+    with pytest.raises(AssertionError):
+        exec(OLD_CELL, ns)
+
+
+@pytest.mark.parametrize("dtype", HALF, ids=str)
+@pytest.mark.parametrize("rules", ["cpu", "gpu"])
+def test_auto_in_half_precision_matches_the_float64_oracle(request, dtype, rules):
+    if rules == "gpu":
+        request.getfixturevalue("gpu_rules")
+    heads, length, dim = 4, 512, 16
+    gen = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, heads, length, dim, generator=gen) for _ in range(3))
+    enc = tp.make_encoding("alibi", n_heads=heads)
+    want = tp.MultiHeadAttention(heads * dim, heads, enc, backend="naive").attend(
+        q.double(), k.double(), v.double())
+    layer = tp.MultiHeadAttention(heads * dim, heads, tp.make_encoding("alibi", n_heads=heads),
+                                  backend="auto")
+    with torch.no_grad():
+        got = layer.attend(q.to(dtype), k.to(dtype), v.to(dtype))
+    assert got.dtype == dtype
+    # the inputs' own rounding bounds what any 16-bit kernel can reach
+    tol = 2e-2 if dtype == torch.float16 else 6e-2
+    torch.testing.assert_close(got.double(), want, atol=tol, rtol=tol)
+    backends.clear_caches()
+
+
+def test_key_row_stays_float32_and_a_sixteen_bit_row_would_not_do():
+    enc = tp.make_encoding("alibi", n_heads=8)
+    row = backends.cached_key_row(enc, 8192, device="cpu")
+    assert row.dtype == torch.float32
+    for dtype, worst in ((torch.float16, 1.0), (torch.bfloat16, 4.0)):
+        err = (row.to(dtype).float() - row).abs().max().item()
+        assert err >= worst  # whole logits lost near j = 8192: why the row is never rounded
+    backends.clear_caches(enc)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, *HALF], ids=str)
+def test_peak_memory_counts_bytes_by_dtype(dtype):
+    n = 1_000_000
+    stat = bm.peak_memory(lambda: torch.empty(n, dtype=dtype), device="cpu")
+    itemsize = torch.empty((), dtype=dtype).element_size()
+    assert n * itemsize <= stat.peak_bytes <= n * itemsize + 64 * 1024
+
+
+# --------------------------------------------------------------------------- RoPE default path
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, *HALF], ids=str)
+@pytest.mark.parametrize("shape", [(4, 8, 2048, 64), (1, 2, 9000, 64), (3, 5000, 32)])
+def test_blocked_rope_is_bit_for_bit_the_three_kernel_form(dtype, shape):
+    x = torch.randn(shape).to(dtype)
+    rot = tp.RotaryEmbedding(shape[-1])
+    cos, sin = rot.cos_sin(start=0, length=shape[-2])
+    c, s = cos.to(dtype), sin.to(dtype)
+    half = shape[-1] // 2
+    want = x * torch.cat((c, c), dim=-1)
+    want[..., :half].addcmul_(x[..., half:], s, value=-1)
+    want[..., half:].addcmul_(x[..., :half], s)
+    assert _chunkable(x, c)
+    assert torch.equal(_rope_half_chunked(x, c, s), want)
+    with torch.no_grad():
+        assert torch.equal(rot.rotate(x), want)  # the default path takes it
+    torch.testing.assert_close(rot.rotate(x).double(), tp.apply_rope(x.double(), cos, sin),
+                               atol=3e-2 if dtype in HALF else 1e-5, rtol=1e-2)
+
+
+def test_blocked_rope_is_skipped_where_it_does_not_apply():
+    rot = tp.RotaryEmbedding(64)
+    cos, _ = rot.cos_sin(start=0, length=4096)
+    big = torch.randn(2, 4, 4096, 64)
+    assert _chunkable(big, cos)
+    assert not _chunkable(big[..., :2048, :], cos)  # the table must cover x's positions
+    assert not _chunkable(big.transpose(1, 2), cos)  # not contiguous
+    small_cos = rot.cos_sin(start=0, length=1024)[0]
+    assert not _chunkable(torch.randn(1, 1, 1024, 64), small_cos)  # 256 KiB: one block anyway
+    x = big.requires_grad_(True)
+    assert not _chunkable(x, cos)  # out= has no autograd: the graph-keeping form is used
+    out = _apply_rope_fast(x, cos, rot.cos_sin(start=0, length=4096)[1], "half")
+    (grad,) = torch.autograd.grad(out.sum(), x)
+    assert grad.shape == x.shape
