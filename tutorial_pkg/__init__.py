@@ -20,11 +20,12 @@ module             chapter
 ``data``           7. Length extrapolation (corpus)
 ``model``          7. Length extrapolation (tiny LM)
 ``experiments``    7. Length extrapolation (training, evaluation)
+``diagnose``       9. Debugging (probes for your own code)
 ``plotting``       figures of every chapter
 =================  ==============================================================
 """
 
-from . import backends
+from . import backends, diagnose
 from .alibi import ALIBI_MODES, alibi_bias, alibi_score_mod, alibi_slopes
 from .attention import BACKENDS, KVCache, MultiHeadAttention, TransformerBlock, flex_available
 from .encodings import (
@@ -158,4 +159,6 @@ __all__ = [
     "LocalGlobal",
     # the backends module (tutorial_pkg.backends)
     "backends",
+    # the probes of chapter 9 (tutorial_pkg.diagnose.probe_rope, ...)
+    "diagnose",
 ]

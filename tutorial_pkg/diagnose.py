@@ -765,9 +765,10 @@ def probe_alibi(bias, n_heads: int, *, seq_len: int = 1024, tol: float = 0.05) -
 
     Args:
         bias: the slopes ``(H,)``; or the bias your model adds to causal scores,
-            ``[H, L, L]`` or ``[1, H, L, L]`` in its own dtype; or a callable
-            ``bias(L)`` returning it (called with ``seq_len``). Only its last row is
-            read: ``bias[h, L-1, n] - bias[h, L-1, L-1]`` must equal
+            ``[H, L, L]`` or ``[1, H, L, L]`` in its own dtype (or only its last query
+            rows, ``[H, L_q, L]``); or a callable ``bias(L)`` returning it (called with
+            ``seq_len``). Only the last row is read, that of the query at position
+            ``L - 1``: ``bias[h, -1, n] - bias[h, -1, L-1]`` must equal
             ``-slope_h (L - 1 - n)`` (the key-only form passes too).
         n_heads: ``H``.
         seq_len: ``L`` for a callable.
@@ -787,9 +788,9 @@ def probe_alibi(bias, n_heads: int, *, seq_len: int = 1024, tol: float = 0.05) -
     if bias.dim() == 4 and bias.shape[0] == 1:
         bias = bias[0]
     if bias.dim() not in (1, 3) or bias.shape[0] != n_heads or (
-        bias.dim() == 3 and (bias.shape[1] != bias.shape[2] or bias.shape[1] < 2)
+        bias.dim() == 3 and (bias.shape[1] < 1 or bias.shape[2] < 2)
     ):
-        raise ValueError(f"bias must have shape (H,) or [H, L, L] with H=n_heads={n_heads}, "
+        raise ValueError(f"bias must have shape (H,) or [H, L_q, L] with H=n_heads={n_heads}, "
                          f"got {tuple(bias.shape)}")
     ref = alibi_slopes(n_heads).double()
     rounding = first = None
