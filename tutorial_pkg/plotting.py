@@ -12,7 +12,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 import torch
 
-__all__ = ["heatmap", "head_heatmaps", "curves", "records_curves"]
+__all__ = ["heatmap", "head_heatmaps", "curves", "records_curves", "band_curves"]
 
 
 def _np(x) -> np.ndarray:
@@ -66,8 +66,15 @@ def head_heatmaps(
     cmap: str = "viridis",
     ncols: int = 4,
     share_scale: bool = False,
+    colorbar: str | None = None,
+    vmin=None,
+    vmax=None,
 ):
     """One heatmap per head from a ``(H, L_q, L_k)`` tensor (biases or attention weights).
+
+    Heads are titled ``head 1`` .. ``head H`` (the book numbers heads from 1) unless
+    ``titles`` is given. ``colorbar`` labels one colour bar per panel; ``vmin``/``vmax``
+    fix the colour range of every panel (``share_scale`` takes it from the data).
 
     Returns:
         The figure.
@@ -77,14 +84,16 @@ def head_heatmaps(
     ncols = min(ncols, n)
     nrows = -(-n // ncols)
     fig, axes = plt.subplots(nrows, ncols, figsize=(3.2 * ncols, 2.9 * nrows), squeeze=False)
-    vmin, vmax = (data.min(), data.max()) if share_scale else (None, None)
+    if share_scale and vmin is None and vmax is None:
+        vmin, vmax = float(np.nanmin(data)), float(np.nanmax(data))
     for h in range(nrows * ncols):
         ax = axes[h // ncols][h % ncols]
         if h >= n:
             ax.axis("off")
             continue
-        heatmap(data[h], ax=ax, title=titles[h] if titles else f"head {h}", cmap=cmap,
-                vmin=vmin, vmax=vmax, xlabel=xlabel if h // ncols == nrows - 1 else "",
+        heatmap(data[h], ax=ax, title=titles[h] if titles else f"head {h + 1}", cmap=cmap,
+                vmin=vmin, vmax=vmax, colorbar=colorbar,
+                xlabel=xlabel if h // ncols == nrows - 1 else "",
                 ylabel=ylabel if h % ncols == 0 else "")
     fig.suptitle(suptitle)
     fig.tight_layout()
@@ -162,6 +171,56 @@ def records_curves(
         ax.set_xticks(xs, [str(v) for v in xs])
     if kwargs.pop("logy", False):
         ax.set_yscale("log")
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize="small")
+    return ax.figure
+
+
+def band_curves(
+    x,
+    series: Mapping[str, tuple],
+    *,
+    ax=None,
+    title: str = "",
+    xlabel: str = "",
+    ylabel: str = "",
+    logx: bool = False,
+    logy: bool = False,
+    ylim: tuple | None = None,
+):
+    """Curves with a shaded band: ``{label: (mean, low, high)}``, e.g. mean and min/max over seeds.
+
+    Each series gets its own colour, marker and line style, so that curves lying on top
+    of each other stay visible. ``None`` values are skipped. With ``ylim`` the axis is
+    clipped (values outside it leave the plot; say so in the caption).
+
+    Returns:
+        The figure.
+    """
+    if ax is None:
+        _, ax = plt.subplots(figsize=(6.5, 4.2))
+    markers = "osD^vP*Xh<>"
+    styles = ["-", "--", "-.", ":"]
+    xs = _np(x).astype(float)
+    for i, (label, (mean, low, high)) in enumerate(series.items()):
+        keep = [j for j, v in enumerate(mean) if v is not None]
+        if not keep:
+            continue
+        xv = xs[keep]
+        m = np.array([mean[j] for j in keep], dtype=float)
+        lo = np.array([low[j] for j in keep], dtype=float)
+        hi = np.array([high[j] for j in keep], dtype=float)
+        (line,) = ax.plot(xv, m, marker=markers[i % len(markers)], ls=styles[i % len(styles)],
+                          label=label)
+        ax.fill_between(xv, lo, hi, color=line.get_color(), alpha=0.2, lw=0)
+    ax.set(title=title, xlabel=xlabel, ylabel=ylabel)
+    if logx:
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(xs, [f"{v:g}" for v in xs])
+    if logy:
+        ax.set_yscale("log")
+    if ylim is not None:
+        ax.set_ylim(*ylim)
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize="small")
     return ax.figure
