@@ -6,6 +6,9 @@ Usage (from the repository root)::
     python benchmarks/extrapolation_seeds.py --quick         # smoke test, seconds
     python benchmarks/extrapolation_seeds.py --encodings rope alibi t5 --seeds 0 1 2
     python benchmarks/extrapolation_seeds.py --skip-tasks    # chapter 7's part only
+    # one process per seed (on a shared machine), then one file:
+    python benchmarks/extrapolation_seeds.py --skip-tasks --seeds 0 --out /tmp/s0.json  # etc.
+    python benchmarks/extrapolation_seeds.py --merge /tmp/s0.json /tmp/s1.json /tmp/s2.json
 
 Chapter 7 (``--out``, default ``book/data/extrapolation_results.json``): for every seed
 and every encoding (any name registered in ``tutorial_pkg.encodings.ENCODINGS``), a
@@ -32,6 +35,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import re
 import shlex
 import sys
 import time
@@ -134,6 +138,33 @@ def run_chapter6(args, device):
     return records
 
 
+def merge(paths, out):
+    """Combine chapter-7 files of single seeds (same configuration) into one file."""
+    parts = [json.loads(Path(p).read_text()) for p in paths]
+    first = parts[0]
+    for part in parts[1:]:
+        for key in ("config", "encodings", "rope_scalings"):
+            if part[key] != first[key]:
+                raise SystemExit(f"cannot merge: {key} differs between {paths[0]} and another file")
+    seeds = [s for part in parts for s in part["seeds"]]
+    if len(set(seeds)) != len(seeds):
+        raise SystemExit(f"cannot merge: a seed appears twice ({seeds})")
+    payload = {**first, "seeds": sorted(seeds),
+               # each part's --out is named after its file (not the machine's path)
+               "command": " ; ".join(
+                   [re.sub(r"--out \S+", f"--out {Path(p).name}", part["command"])
+                    for p, part in zip(paths, parts, strict=True)]
+                   + ["python benchmarks/extrapolation_seeds.py --merge "
+                      + " ".join(Path(p).name for p in paths)]),
+               "run_time_s": max(part["run_time_s"] for part in parts),
+               "run_time_note": "the seeds ran as parallel processes: wall time of the slowest",
+               "cpu_time_s": sum(part.get("cpu_time_s", 0.0) for part in parts)}
+    for key in ("records", "retrieval", "attention_distance"):
+        payload[key] = [r for part in parts for r in part[key]]
+    Path(out).write_text(json.dumps(payload, indent=1) + "\n")
+    print(f"merged {len(parts)} files ({len(seeds)} seeds) into {out}")
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--encodings", nargs="+", default=DEFAULT_ENCODINGS,
@@ -152,7 +183,12 @@ def main(argv=None):
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--out", default="book/data/extrapolation_results.json")
     parser.add_argument("--tasks-out", default="book/data/hybrid_results.json")
+    parser.add_argument("--merge", nargs="+", metavar="JSON",
+                        help="combine chapter-7 files of single seeds into --out, then stop")
     args = parser.parse_args(argv)
+    if args.merge:
+        merge(args.merge, args.out)
+        return
     for name in args.encodings:
         if name not in ENCODINGS:
             parser.error(f"unknown encoding {name!r}; registered: {', '.join(ENCODINGS)}")
@@ -167,12 +203,13 @@ def main(argv=None):
               "torch_version": torch.__version__, "hardware": hardware_info(args.device)}
 
     if not args.skip_extrapolation:
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         cfg, records, retrieval, distance = run_chapter7(args, args.device)
         payload = {
             "description": "Chapter 7: held-out perplexity (per byte) by evaluation length, "
                            "copy test and attention distance, several training seeds",
             **common, "run_time_s": time.perf_counter() - t0,
+            "cpu_time_s": time.process_time() - c0,
             "config": {k: v for k, v in cfg.to_dict().items() if k != "seed"},
             "seeds": args.seeds, "encodings": args.encodings,
             "rope_scalings": args.scalings, "records": records, "retrieval": retrieval,
