@@ -350,3 +350,13 @@ def test_rotary_encoding_passes_p_rope():
 
     enc = Rotary(16, p_rope=0.5)
     assert enc.rope.p_rope == 0.5 and int((enc.rope.inv_freq == 0).sum()) == 4
+
+
+def test_p_rope_is_registered_by_name():
+    from tutorial_pkg import ENCODINGS, PRoPE, make_encoding
+
+    assert ENCODINGS["p_rope"] is PRoPE
+    enc = make_encoding("p_rope", d_model=64, n_heads=4)  # head_dim 16: 8 pairs, 6 rotate
+    assert enc.rope.p_rope == 0.75 and int((enc.rope.inv_freq > 0).sum()) == 6
+    assert make_encoding("p_rope", head_dim=16, p_rope=0.5).rope.p_rope == 0.5
+    assert enc.supports_scaling

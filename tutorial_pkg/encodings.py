@@ -52,6 +52,7 @@ __all__ = [
     "Sinusoidal",
     "Learned",
     "Rotary",
+    "PRoPE",
     "ALiBi",
     "Hybrid",
     "ENCODINGS",
@@ -279,6 +280,27 @@ class Rotary(PositionEncoding):
         self.rope.set_scaling(scaling)
 
 
+class PRoPE(Rotary):
+    """p-RoPE (Barbero et al., 2025): RoPE whose slowest pairs do not rotate.
+
+    :class:`Rotary` with ``p_rope`` (default 0.75): the fastest fraction ``p_rope``
+    of the frequencies rotate, the rest are 0 (chapter 8). Registered as ``"p_rope"``
+    so that ``TinyLM("p_rope")`` and the experiments build it by name.
+
+    Args:
+        head_dim: features per head.
+        base: RoPE base.
+        p_rope: fraction of the frequencies that rotate, in ``[0, 1]``.
+        **kwargs: other arguments of :class:`Rotary`.
+    """
+
+    name = "p_rope"
+
+    def __init__(self, head_dim: int, base: float = 10000.0, *, p_rope: float = 0.75,
+                 **kwargs) -> None:
+        super().__init__(head_dim, base, p_rope=p_rope, **kwargs)
+
+
 class ALiBi(PositionEncoding):
     """ALiBi linear biases (Press et al., 2022); no parameters, nothing added to ``x``.
 
@@ -428,7 +450,7 @@ class Hybrid(PositionEncoding):
 #: ``ENCODINGS["mine"] = MyEncoding`` makes ``make_encoding("mine", ...)`` and
 #: ``TinyLM("mine")`` build it (its ``build`` classmethod receives the model's sizes).
 ENCODINGS: dict[str, type[PositionEncoding]] = {
-    cls.name: cls for cls in (NoPE, Sinusoidal, Learned, Rotary, ALiBi, Hybrid)
+    cls.name: cls for cls in (NoPE, Sinusoidal, Learned, Rotary, PRoPE, ALiBi, Hybrid)
 }
 
 
