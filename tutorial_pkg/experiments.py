@@ -722,9 +722,10 @@ def retrieval_test(
         encoding_name: name written in the records (default: the encoding's ``name``).
 
     Returns:
-        One record per distance: ``encoding``, ``distance``, ``window_len``,
-        ``segment_len``, ``n_trials``, ``nll_copy``, ``nll_control``, ``gain``,
-        ``acc_copy``, ``acc_control`` (top-1 accuracy of the scored tokens) and ``note``.
+        A list with one record (dict) per distance, with the keys ``encoding``,
+        ``distance``, ``window_len``, ``segment_len``, ``n_trials``, ``nll_copy``,
+        ``nll_control``, ``gain``, ``acc_copy``, ``acc_control`` (top-1 accuracy of the
+        scored tokens) and ``note``.
         Where the encoding cannot represent the window (:func:`position_limit`) the
         measures are ``None`` and ``note`` says why.
     """
