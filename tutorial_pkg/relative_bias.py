@@ -169,7 +169,7 @@ class T5RelativeBias(PositionEncoding):
         """
         weight = self.relative_attention_bias.weight
         weight = weight.to(torch.promote_types(weight.dtype, torch.float32))
-        return weight[self.buckets].T
+        return weight[self.buckets].T.contiguous()
 
     def _index(self, q_pos: torch.Tensor, k_pos: torch.Tensor) -> torch.Tensor:
         rel = k_pos[..., None, :] - q_pos[..., :, None]
@@ -183,19 +183,23 @@ class T5RelativeBias(PositionEncoding):
         check_nonneg_int("q_offset", q_offset)
         if (q_pos is None) != (k_pos is None):
             raise ValueError("q_pos and k_pos must be given together")
-        table, limit = self.table(), self.max_distance
+        table = self.table()
+        # the bounds as tensors: a captured int becomes symbolic when Flex is compiled with
+        # dynamic shapes, and torch 2.13's inductor cannot lower clamp with symbolic bounds
+        low, high = (torch.tensor(v, device=table.device) for v in (0, 2 * self.max_distance))
+        shift = self.max_distance
 
         if q_pos is None:
 
             def score_mod(score, b, h, q_idx, kv_idx):
-                rel = torch.clamp(kv_idx - q_idx - q_offset, -limit, limit)
-                return score + table[h, rel + limit]
+                index = torch.minimum(torch.maximum(kv_idx - q_idx - q_offset + shift, low), high)
+                return score + table[h, index]
 
         else:
 
             def score_mod(score, b, h, q_idx, kv_idx):
-                rel = torch.clamp(k_pos[b, kv_idx] - q_pos[b, q_idx], -limit, limit)
-                return score + table[h, rel + limit]
+                rel = k_pos[b, kv_idx] - q_pos[b, q_idx]
+                return score + table[h, torch.minimum(torch.maximum(rel + shift, low), high)]
 
         return score_mod
 
