@@ -9,8 +9,8 @@ hook                                       used by                     returns
 =========================================  ==========================  =========================
 ``embed(x, positions)``                    sinusoidal, learned         ``x`` plus positions
 ``rotate(q, k, q_pos, k_pos)``             RoPE, hybrid                rotated ``q, k``
-``bias(q_pos, k_pos)``                     ALiBi, hybrid               fp32 ``(H, L_q, L_k)``
-``score_mod(q_offset, q_pos, k_pos)``      ALiBi, hybrid (Flex)        a Flex ``score_mod``
+``bias(q_pos, k_pos)``                     ALiBi, hybrid, T5           fp32 ``(H, L_q, L_k)``
+``score_mod(q_offset, q_pos, k_pos)``      ALiBi, hybrid, T5 (Flex)    a Flex ``score_mod``
 ``key_bias(k_pos)``                        ALiBi, hybrid (fast path)   fp32 ``(H, 1, L_k)``
 =========================================  ==========================  =========================
 
@@ -21,6 +21,10 @@ built), the fifth hook for speed: when the bias equals a per-key row *up to a
 constant per query*, softmax cannot tell them apart (``softmax(s + c) = softmax(s)``),
 so attention may add the row ``(H, 1, L_k)`` instead of the ``(H, L_q, L_k)`` matrix.
 Causal ALiBi is such a bias: ``-m (i - j) = m j - m i``.
+
+T5's learned relative bias is :mod:`tutorial_pkg.relative_bias` (``"t5"``); an encoding
+per layer (NoPE layers, Gemma 3's local and global layers) is
+:mod:`tutorial_pkg.schedules`; both register themselves in :data:`ENCODINGS`.
 
 Positions are explicit integer tensors, ``(L,)`` or ``[b, L]``, so decoding with a KV
 cache, left-padded batches and packed documents are correct for every encoding: a
