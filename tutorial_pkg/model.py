@@ -38,7 +38,7 @@ class TinyLM(nn.Module):
             :class:`~tutorial_pkg.schedules.LayerSchedule` (or its name, e.g. ``"irope"``,
             ``"local_global"``): layer ``i`` gets ``schedule.layer(i)``; or a list of
             ``n_layers`` names or instances, one per layer (a
-            :class:`~tutorial_pkg.schedules.PerLayer`). :attr:`encoding` holds the
+            :class:`~tutorial_pkg.schedules.PerLayer`). The model's ``encoding`` holds the
             instance or the schedule.
         vocab_size: vocabulary size (256 for bytes).
         d_model: width.

@@ -93,7 +93,7 @@ class LayerSchedule(PositionEncoding):
         self.supports_scaling = bool(self.scaled_layers())
 
     def scaled_layers(self) -> list[PositionEncoding]:
-        """The members that :meth:`set_scaling` changes (default: every one with RoPE)."""
+        """The members that :meth:`LayerSchedule.set_scaling` changes (default: all with RoPE)."""
         return [m for m in self._members() if m.supports_scaling]
 
     @property
@@ -193,8 +193,8 @@ class LocalGlobal(LayerSchedule):
     Layer ``i`` (from 0) is global iff ``(i + 1) % pattern == 0``. Local layers attend
     within a sliding window with RoPE base ``local_base``; global layers see every key
     with RoPE base ``global_base`` (and ``global_scaling``, e.g. Gemma 3's
-    ``{"type": "linear", "factor": 8}``). :meth:`set_scaling` changes the global
-    layers only, as Gemma 3 scales only them.
+    ``{"type": "linear", "factor": 8}``). :meth:`LayerSchedule.set_scaling` changes the
+    global layers only, as Gemma 3 scales only them.
 
     Args:
         head_dim: features per head.
