@@ -475,3 +475,23 @@ def test_kv_cache_module_is_unchanged_by_windows():
         for seed in range(5):
             attn(x_of(seed, b=1, s=1), kv_cache=cache)
     assert cache.length == 5
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_window_in_half_precision_matches_float32(dtype):
+    # the 16-bit SDPA mask: window and padding at -inf/finite min, the bias shifted per row
+    # over the keys each query sees; no NaN, zeros for a query whose window is all padding
+    torch.manual_seed(0)
+    attn = MultiHeadAttention(D, H, encoding("hybrid"), backend="naive", window=3).eval()
+    x = x_of(7, s=9)
+    pad = torch.zeros(2, 9, dtype=torch.bool)
+    pad[0, -3:] = True
+    with torch.no_grad():
+        want = attn(x, key_padding_mask=pad)
+        attn.to(dtype)
+        for backend in ("naive", "sdpa", "auto"):
+            attn.backend = backend
+            got = attn(x.to(dtype), key_padding_mask=pad)
+            assert got.dtype == dtype and torch.isfinite(got).all()
+            assert got[0, -1].abs().max() == 0
+            torch.testing.assert_close(got.float(), want, rtol=0.05, atol=0.02)
