@@ -362,10 +362,11 @@ class MultiHeadAttention(nn.Module):
 class TransformerBlock(nn.Module):
     """Attention + MLP with residuals; pre-norm (default) or post-norm.
 
-    Pre-norm ``x + f(LN(x))`` keeps an identity path from input to output, so
-    gradients are well scaled at initialisation and no warm-up is needed
-    (Xiong et al., 2020); post-norm ``LN(x + f(x))`` is the original Transformer's
-    form and the source articles'.
+    Pre-norm ``x + f(LN(x))`` keeps an identity path from input to output (the
+    layout of GPT-2 and Llama); post-norm ``LN(x + f(x))`` is the original
+    Transformer's form and the source articles'. Xiong et al. (2020) analyse the
+    two at initialisation (chapter 4 sums it up in a paragraph); the choice is
+    independent of the position encoding.
 
     Args:
         d_model: model width.
