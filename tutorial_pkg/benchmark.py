@@ -75,10 +75,10 @@ __all__ = [
 
 #: Version of the JSON layout written by :func:`save_results`.
 SCHEMA_VERSION = 1
-#: Name of the attention groups' reference case in the book's results files:
+#: Name of the attention groups' reference case in the book's results files, which is
 #: ``scaled_dot_product_attention(is_causal=True)`` with no encoding.
 ATTENTION_LIMIT = "limit: sdpa causal"
-#: Name of the RoPE groups' reference case: a copy of q and k (one read, one write).
+#: Name of the RoPE groups' reference case, a copy of q and k (one read, one write).
 ROPE_LIMIT = "limit: clone q,k"
 
 # Bigger than the L2 cache of current GPUs (H100/H200: 50 MB), so zeroing it
