@@ -38,7 +38,7 @@ from .positions import positions_from_padding
 from .rope import LAYOUTS, apply_rope, half_to_interleaved, interleaved_to_half, inv_freq
 
 __all__ = [
-    "RopeReport", "PrecisionReport", "KVCacheReport", "MaskingReport", "AlibiReport",
+    "Report", "RopeReport", "PrecisionReport", "KVCacheReport", "MaskingReport", "AlibiReport",
     "ConversionReport", "TutorialAdapter", "HFAdapter",
     "probe_rope", "probe_rope_precision", "check_kv_cache", "probe_masking", "probe_alibi",
     "check_weight_conversion",
@@ -87,8 +87,9 @@ def _first(mask: torch.Tensor) -> int | None:
     return None if idx.numel() == 0 else int(idx[0, 0])
 
 
-class _Report:
-    """``ok`` is True when no problem was found; ``str()`` is the readable report."""
+class Report:
+    """The base of every report: ``ok`` is True when ``problems`` is empty; ``str()`` is
+    the readable report (a ``OK``/``FAIL`` headline, the measurements, the problems)."""
 
     problems: list
 
@@ -107,7 +108,7 @@ class _Report:
 
 # --------------------------------------------------------------------------- RoPE layout
 @dataclass(repr=False)
-class RopeReport(_Report):
+class RopeReport(Report):
     """What :func:`probe_rope` measured.
 
     Attributes:
@@ -116,12 +117,14 @@ class RopeReport(_Report):
         base: the base ``b`` of ``theta_j = b ** (-2j / r)`` fitted to the measured
             angles, rounded to 4 significant digits (exact for standard bases); ``None``
             with fewer than two pairs.
-        head_dim, rotary_dim: features per head, and how many of them are rotated.
+        head_dim: features per head.
+        rotary_dim: features rotated per head.
         pairs: the rotated pairs ``(i, j)``; ``unrotated``: features left as they are.
         frequencies: measured angle per position of each pair, in pair order.
         frequency_scale: ``1 / theta_0`` (1 without position interpolation).
         magnitude: the factor cos and sin carry (1, or e.g. YaRN's attention factor).
         relative_error: largest ``|s(m+1, n+1) - s(m, n)|`` of unit vectors' scores.
+        notes: what is unusual but not wrong (scaling, direction of rotation).
         problems: what is wrong, in words (empty when ``ok``).
     """
 
@@ -273,7 +276,7 @@ def probe_rope(
 
 # --------------------------------------------------------------------------- precision
 @dataclass(repr=False)
-class PrecisionReport(_Report):
+class PrecisionReport(Report):
     """What :func:`probe_rope_precision` measured.
 
     Attributes:
@@ -441,7 +444,7 @@ class HFAdapter(TutorialAdapter):
 
 
 @dataclass(repr=False)
-class KVCacheReport(_Report):
+class KVCacheReport(Report):
     """What :func:`check_kv_cache` measured.
 
     Attributes:
@@ -567,7 +570,7 @@ def check_kv_cache(
 
 # --------------------------------------------------------------------------- masking
 @dataclass(repr=False)
-class MaskingReport(_Report):
+class MaskingReport(Report):
     """What :func:`probe_masking` measured.
 
     Attributes:
@@ -730,7 +733,7 @@ def probe_masking(
 
 # --------------------------------------------------------------------------- ALiBi
 @dataclass(repr=False)
-class AlibiReport(_Report):
+class AlibiReport(Report):
     """What :func:`probe_alibi` measured.
 
     Attributes:
@@ -818,7 +821,7 @@ def probe_alibi(bias, n_heads: int, *, seq_len: int = 1024, tol: float = 0.05) -
 
 # --------------------------------------------------------------------------- weights
 @dataclass(repr=False)
-class ConversionReport(_Report):
+class ConversionReport(Report):
     """What :func:`check_weight_conversion` measured.
 
     Attributes:
