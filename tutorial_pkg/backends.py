@@ -36,8 +36,9 @@ own kernel call. They all agree with ``"naive"`` to tolerance, tested for every 
   row ``m_h j`` of shape ``(1 or b, H, 1, L_k)``, float32, to SDPA's fused causal
   kernel: softmax is shift invariant along a query's row and
   ``-m (i - j) = m j - m i``, so the weights are exactly those of the full causal
-  bias while nothing ``L x L`` is built. Passing a mask with ``is_causal=True`` is
-  not promised by PyTorch's documentation, so the path is checked once per
+  bias while nothing ``L x L`` is built. PyTorch's documentation says passing both
+  ``attn_mask`` and ``is_causal=True`` is an error (its math path refuses it); the
+  fused kernels accept the pair, so the path is checked once per
   (device type, dtype, GQA) against a float64 reference, forward and backward,
   before it is used (:func:`key_row_supported`); where the check fails, and for the
   symmetric form, documents, chunked prefill with a KV cache, dropout or a learnable
@@ -468,12 +469,13 @@ _key_row_ok: dict = {}
 def key_row_supported(device: torch.device, dtype: torch.dtype, gqa: bool) -> bool:
     """Does SDPA add a float key row *and* apply ``is_causal`` here, exactly? (cached).
 
-    The ``"auto"`` path relies on it, and the PyTorch documentation does not
-    promise it (its math path refuses a mask with ``is_causal=True``; a kernel
-    could also round the float32 row to the dtype of q, which would destroy
-    ``m j`` at large ``j``). So it is checked once per (device type, dtype, GQA)
-    on a tiny problem whose keys sit at positions 4096+ (a row rounded to
-    bfloat16 fails there): forward and gradients against a float64 reference.
+    The ``"auto"`` path relies on it, although PyTorch's documentation calls
+    ``attn_mask`` with ``is_causal=True`` an error (its math path refuses it; the
+    fused kernels accept it). A kernel could also round the float32 row to the
+    dtype of q, which would destroy ``m j`` at large ``j``. So it is checked once
+    per (device type, dtype, GQA) on a tiny problem whose keys sit at positions
+    4096+ (a row rounded to bfloat16 fails there): forward and gradients against a
+    float64 reference.
     """
     key = (torch.device(device).type, dtype, gqa)
     if key in _key_row_ok:
