@@ -106,7 +106,8 @@ def run_chapter7(args, device):
         t0 = time.perf_counter()
         models = {}
         recs = run_extrapolation(args.encodings, cfg, args.scalings, train_ids=train_ids,
-                                 heldout_ids=heldout_ids, models=models, progress=False)
+                                 heldout_ids=heldout_ids, models=models, progress=False,
+                                 encoding_kwargs=args.encoding_kwargs)
         for r in recs:
             records.append({"seed": seed, **r})
         for name, (model, _) in models.items():
@@ -175,6 +176,8 @@ def main(argv=None):
     parser.add_argument("--n-layers", type=int, default=2, help="Transformer blocks")
     parser.add_argument("--steps", type=int, default=600, help="training steps per model")
     parser.add_argument("--trials", type=int, default=64, help="copy-test windows per distance")
+    parser.add_argument("--encoding-kwargs", type=json.loads, default=None, metavar="JSON",
+                        help='options per encoding name, e.g. \'{"irope": {"every": 2}}\'')
     parser.add_argument("--task-seeds", nargs="+", type=int, default=[0, 1, 2, 3, 4])
     parser.add_argument("--skip-tasks", action="store_true", help="chapter 7's part only")
     parser.add_argument("--skip-extrapolation", action="store_true", help="chapter 6's only")
@@ -192,6 +195,9 @@ def main(argv=None):
     for name in args.encodings:
         if name not in ENCODINGS:
             parser.error(f"unknown encoding {name!r}; registered: {', '.join(ENCODINGS)}")
+    for name in args.encoding_kwargs or {}:
+        if name not in args.encodings:
+            parser.error(f"--encoding-kwargs names {name!r}, which is not in --encodings")
     if len(set(args.seeds)) != len(args.seeds) or len(set(args.task_seeds)) != len(
             args.task_seeds):
         parser.error("seeds must not repeat")
@@ -212,7 +218,8 @@ def main(argv=None):
             "cpu_time_s": time.process_time() - c0,
             "config": {k: v for k, v in cfg.to_dict().items() if k != "seed"},
             "seeds": args.seeds, "encodings": args.encodings,
-            "rope_scalings": args.scalings, "records": records, "retrieval": retrieval,
+            "rope_scalings": args.scalings, "encoding_kwargs": args.encoding_kwargs or {},
+            "records": records, "retrieval": retrieval,
             "attention_distance": distance,
         }
         Path(args.out).write_text(json.dumps(payload, indent=1) + "\n")
