@@ -6,7 +6,7 @@ VENV       ?= .venv
 TORCH_SPEC ?= torch==2.13.0
 BIN        := $(VENV)/bin
 
-.PHONY: setup book test lint unit wheel-check nbval build html-check bench clean
+.PHONY: setup browser-deps book test lint unit wheel-check nbval nbval-colab nbval-cpu build html-check bench clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -20,8 +20,14 @@ setup: $(BIN)/python
 ## book: set up, then build the rendered book into _build/html
 book: setup build
 
-## test: set up, then every check CI runs (lint, unit tests, nbval, book build, HTML checks)
-test: setup
+## browser-deps: Debian's chromium + chromium-driver for the browser stage, installed where
+## missing (as root or with sudo); otherwise one line saying what to install
+browser-deps:
+	bash .ci/browser_deps
+
+## test: browser tools first (it stops at once if they are missing and cannot be installed),
+## set up, then every check CI runs (lint, unit tests, wheel, nbval twice, book build, HTML checks)
+test: browser-deps setup
 	PATH="$(abspath $(BIN)):$$PATH" bash .ci/check
 
 lint:
@@ -36,6 +42,16 @@ wheel-check:
 
 nbval:
 	$(BIN)/python -m pytest --nbval --nbval-current-env --nbval-sanitize-with tests/sanitize.cfg book -q
+
+## nbval-colab: every chapter as on Colab (fresh .venv-colab, chapter alone outside the repo,
+## its first cell clones this tree and pip-installs from it), outputs compared
+nbval-colab:
+	$(BIN)/python .ci/colab_nbval.py
+
+## nbval-cpu: nbval under another CPU-kernel setting (CPU=avx2 or CPU=default): another CPU's rounding
+CPU ?= default
+nbval-cpu:
+	ATEN_CPU_CAPABILITY=$(CPU) $(BIN)/python -m pytest --nbval --nbval-current-env --nbval-sanitize-with tests/sanitize.cfg book -q
 
 build:
 	$(BIN)/jupyter-book build . -W -n --keep-going --all

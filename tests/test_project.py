@@ -101,17 +101,64 @@ def test_readme_snippet_runs():
     exec(compile(snippet, "README.md", "exec"), {})  # the asserts inside must hold
 
 
-def test_colab_cells_install_from_the_configured_repository():
+def test_colab_cells_clone_the_configured_repository_and_run_from_its_book_folder():
+    # A pip install alone does not bring book/data or benchmarks/: every chapter clones,
+    # installs from the clone and runs where its files are (.ci/colab_nbval.py runs them).
     url = yaml.safe_load((ROOT / "_config.yml").read_text())["repository"]["url"]
     notebooks = sorted((ROOT / "book").glob("*.ipynb"))
     assert notebooks, "no chapters found"
     for nb_path in notebooks:
         nb = json.loads(nb_path.read_text())
-        first = "".join(next(c for c in nb["cells"] if c["cell_type"] == "code")["source"])
+        cell = next(c for c in nb["cells"] if c["cell_type"] == "code")
+        first = "".join(cell["source"])
         assert "google.colab" in first, f"{nb_path.name}: first code cell must be the Colab install"
-        # pip from the URL, or (a chapter that needs benchmarks/ too) a clone of it
-        installs = f"git+{url}" in first or re.search(rf"git clone .*{re.escape(url)}\s", first)
-        assert installs, f"{nb_path.name}: Colab cell must install from {url}"
+        clone = re.search(rf"git clone .*{re.escape(url)} (\S+)", first)
+        assert clone, f"{nb_path.name}: Colab cell must clone {url}"
+        folder = clone.group(1)
+        assert f"%pip install -q ./{folder}" in first, f"{nb_path.name}: install from the clone"
+        assert f'os.chdir("{folder}/book")' in first, f"{nb_path.name}: run from the clone's book/"
+        # its output is pip's (not reproducible), and the rest of the chapter is compared
+        assert "nbval-ignore-output" in cell["metadata"].get("tags", []), nb_path.name
+
+
+def _run_browser_deps(tmp_path, tools):
+    """.ci/browser_deps with a PATH holding only `tools` (name -> script body)."""
+    import shutil
+    import subprocess
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "bash").symlink_to(shutil.which("bash"))
+    for name, body in tools.items():
+        (bin_dir / name).write_text(f"#!{shutil.which('bash')}\n{body}\n")
+        (bin_dir / name).chmod(0o755)
+    return subprocess.run([str(bin_dir / "bash"), str(ROOT / ".ci" / "browser_deps")],
+                          env={"PATH": str(bin_dir)}, capture_output=True, text=True)
+
+
+def test_browser_deps_stop_at_once_with_one_line_when_they_cannot_install(tmp_path):
+    # not root, no sudo: nothing is installed, one line names the packages
+    out = _run_browser_deps(tmp_path, {"id": "echo 1000", "apt-get": "echo ran >&2; exit 9"})
+    assert out.returncode == 1 and out.stdout == "", out
+    assert out.stderr.count("\n") == 1 and "chromium chromium-driver" in out.stderr, out.stderr
+
+
+def test_browser_deps_install_with_apt_as_root_and_do_nothing_when_present(tmp_path):
+    import shutil
+
+    # root, tools missing: apt-get is asked for both packages (here it "installs" stubs)
+    stub = f"printf '#!{shutil.which('bash')}\\necho 1\\n'"
+    fake_apt = (f'echo "$@" >> {tmp_path}/apt.log; [ "$1" = install ] || exit 0; '
+                f"for t in chromium chromedriver; do {stub} > {tmp_path}/bin/$t; "
+                f"{shutil.which('chmod')} +x {tmp_path}/bin/$t; done")
+    out = _run_browser_deps(tmp_path, {"id": "echo 0", "apt-get": fake_apt, "head": "cat"})
+    assert out.returncode == 0, out
+    assert "install -y -qq chromium chromium-driver" in (tmp_path / "apt.log").read_text()
+    # present: nothing runs, nothing is printed
+    (tmp_path / "present").mkdir()
+    out = _run_browser_deps(tmp_path / "present", {"apt-get": "exit 9", "chromium": "true",
+                                                   "chromedriver": "true"})
+    assert out.returncode == 0 and out.stdout == out.stderr == "", out
 
 
 def test_toc_lists_existing_files_and_every_chapter():
