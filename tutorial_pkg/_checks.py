@@ -2,11 +2,66 @@
 
 Every public function validates its inputs with these helpers so that bad input
 fails early with a message that names the argument and says what was expected.
+
+**Values are read back only where that is free.** Shapes, dtypes and devices are
+metadata and are checked everywhere. Checking a tensor's *values* (no negative
+position, an id below the vocabulary size) means reading it back to the host: on
+a GPU that is a synchronisation (the host waits for every queued kernel), and meta
+or fake tensors (the device rehearsal, ``tests/test_device_rehearsal.py``) have no
+values at all. So value checks run on CPU tensors only (:func:`values_readable`).
 """
 
 from __future__ import annotations
 
 import torch
+from torch._subclasses.fake_tensor import FakeTensor
+
+
+def values_readable(t: torch.Tensor) -> bool:
+    """Whether reading ``t``'s values back costs nothing: a CPU tensor, outside compilation.
+
+    On an accelerator a read is a device synchronisation; meta and fake tensors hold
+    no values. Value checks are skipped there (see the module docs).
+    """
+    return t.device.type == "cpu" and not torch.compiler.is_compiling() and not _is_fake(t)
+
+
+def _is_fake(t: torch.Tensor) -> bool:
+    # a FakeTensor reports a device but holds no data
+    return isinstance(t, FakeTensor)
+
+
+def fake_mode_active() -> bool:
+    """Whether a ``FakeTensorMode`` is active: tensors made now hold no data.
+
+    Caches keyed by device must then neither store nor serve: a fake ``cuda`` tensor
+    cached now would be handed to a real ``cuda`` call later (and a real one would
+    leak into the fake run).
+    """
+    get_mode = getattr(torch._C, "_get_dispatch_mode", None)
+    key = getattr(getattr(torch._C, "_TorchDispatchModeKey", None), "FAKE", None)
+    return get_mode is not None and key is not None and get_mode(key) is not None
+
+
+def check_device(name: str, t: torch.Tensor, device, *, fix: str = "") -> torch.Tensor:
+    """Return ``t`` if it lives on ``device``, else raise ``ValueError`` naming both devices.
+
+    For tensors that must not be moved silently: learned parameters (a copy would
+    not be trained) and activations (a copy per call hides a slow program). ``fix``
+    says how to resolve it, e.g. ``"move the encoding: encoding.to(device)"``.
+    """
+    device = torch.device(device)
+    if not _same_device(t.device, device):
+        raise ValueError(f"{name} is on {t.device} but this call runs on {device}"
+                         + (f": {fix}" if fix else ""))
+    return t
+
+
+def _same_device(a: torch.device, b: torch.device) -> bool:
+    # "cuda" (no index) means the current device; a tensor always reports an index
+    if a.type != b.type:
+        return False
+    return a.index is None or b.index is None or a.index == b.index
 
 
 def check_positive_int(name: str, value: object) -> int:
@@ -79,7 +134,8 @@ def as_positions(name: str, positions, device=None) -> torch.Tensor:
     Args:
         name: argument name for error messages.
         positions: an ``int`` ``L`` (meaning ``0..L-1``) or an integer tensor of
-            shape ``(L,)`` with non-negative entries.
+            shape ``(L,)`` with non-negative entries (checked on CPU, see the
+            module docs).
         device: device for a tensor built from an int.
 
     Returns:
@@ -98,8 +154,10 @@ def as_positions(name: str, positions, device=None) -> torch.Tensor:
         raise TypeError(f"{name} must be an integer tensor, got dtype {positions.dtype}")
     if positions.dim() != 1:
         raise ValueError(f"{name} must be 1-D (L,), got shape {tuple(positions.shape)}")
-    if positions.numel() and int(positions.min()) < 0:
-        raise ValueError(f"{name} must be non-negative, got min {int(positions.min())}")
+    if positions.numel() and values_readable(positions):  # CPU only (module docs)
+        low = int(positions.min())
+        if low < 0:
+            raise ValueError(f"{name} must be non-negative, got min {low}")
     return positions.long()
 
 
@@ -117,8 +175,9 @@ def as_batched_positions(
         batch: the batch size ``b``.
         length: the sequence length ``s``.
         check_values: also check that no position is negative. This reads the
-            tensor (a device synchronisation on GPU), so callers do it once per
-            forward pass, not once per layer.
+            tensor, so callers do it once per forward pass, not once per layer; it
+            is skipped where reading is not free (:func:`values_readable`: not on a
+            GPU, where it would synchronise, nor on meta or fake tensors).
     """
     if not isinstance(positions, torch.Tensor):
         raise TypeError(f"{name} must be an integer tensor (s,) or [b, s], got "
@@ -134,7 +193,7 @@ def as_batched_positions(
             f"{name} must have shape (s,) or [b, s] with b={batch}, s={length}, "
             f"got {tuple(positions.shape)}"
         )
-    if check_values and positions.numel() and not torch.compiler.is_compiling():
+    if check_values and positions.numel() and values_readable(positions):
         low = int(positions.min())
         if low < 0:
             raise ValueError(f"{name} must be non-negative, got min {low}")

@@ -17,7 +17,8 @@ Three forms of the bias, ``i`` the query position and ``j`` the key position:
 * ``"symmetric"``: ``-m |i - j|`` (encoders, bidirectional attention).
 
 The bias is always float32 (float64 when the slopes are float64, e.g. for gradcheck),
-whatever the dtype of q and k.
+whatever the dtype of q and k, and it is built on the device of the positions: the
+slopes are constants, moved there (a table built for a GPU is built on the GPU).
 """
 
 from __future__ import annotations
@@ -114,13 +115,24 @@ def alibi_bias(slopes, q_pos, k_pos=None, *, mode: str = "causal") -> torch.Tens
     slopes = _as_slopes(slopes)
     check_choice("mode", mode, ALIBI_MODES)
     q = _positions("q_pos", q_pos, slopes.device)
-    k = q if k_pos is None else _positions("k_pos", k_pos, slopes.device)
+    k = q if k_pos is None else _positions("k_pos", k_pos, q.device)
+    _check_same_device(q, k)
     return _alibi_bias(slopes, q, k, mode)
 
 
+def _check_same_device(q_pos: torch.Tensor, k_pos: torch.Tensor) -> None:
+    if q_pos.device != k_pos.device:
+        raise ValueError(f"q_pos and k_pos must be on one device, got q_pos on {q_pos.device} "
+                         f"and k_pos on {k_pos.device}")
+
+
 def _alibi_bias(slopes: torch.Tensor, q: torch.Tensor, k: torch.Tensor, mode: str):
-    """:func:`alibi_bias` on checked int64 positions ``(L,)`` or ``[b, L]``, no checks."""
-    m = slopes[:, None, None]
+    """:func:`alibi_bias` on checked int64 positions ``(L,)`` or ``[b, L]``, no checks.
+
+    Built on the positions' device: the slopes are moved there (a no-op when they
+    are there already). Callers with *learned* slopes check their device first.
+    """
+    m = slopes.to(k.device)[:, None, None]
     if mode == "key_only":
         return m * k.to(m.dtype)[..., None, None, :]  # (H, 1, L_k) or (b, H, 1, L_k)
     distance = (q[..., :, None] - k[..., None, :]).to(m.dtype)  # i - j, exact up to 2**24
@@ -146,7 +158,8 @@ def alibi_score_mod(
     (left padding, packed documents).
 
     Args:
-        slopes: ``(H,)`` float32 slopes (captured by the function).
+        slopes: ``(H,)`` float32 slopes (captured by the function; moved to the
+            device of ``q_pos`` when positions are given, else used where they are).
         mode: ``"causal"``/``"key_only"``/``"symmetric"``.
         q_offset: position of query index 0 (the KV-cache length when decoding).
         q_pos: optional int64 ``[b, L_q]`` query positions (one row per batch entry).
@@ -165,7 +178,8 @@ def alibi_score_mod(
             if not isinstance(t, torch.Tensor) or t.dim() != 2 or t.is_floating_point():
                 raise ValueError(f"{name} must be an integer tensor [b, L], got "
                                  f"{getattr(t, 'shape', type(t).__name__)}")
-        return _gathered_score_mod(slopes, mode, q_pos, k_pos)
+        _check_same_device(q_pos, k_pos)
+        return _gathered_score_mod(slopes.to(q_pos.device), mode, q_pos, k_pos)
 
     if mode == "key_only":
 

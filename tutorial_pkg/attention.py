@@ -19,6 +19,13 @@ zeros, never NaN.
 layers): the query at cache slot ``i`` sees the key slots ``i - w < j <= i``, Hugging
 Face's convention (see :mod:`tutorial_pkg.backends`). Per-layer choices (NoPE layers,
 local and global layers) are :mod:`tutorial_pkg.schedules`.
+
+Devices: positions, masks and document ids follow the device of ``q`` (they are moved
+there, and their values are read back only when they are CPU tensors, where that is
+free); the encoding's constants are moved by its hooks. Tensors that must not be copied
+per call raise ``ValueError`` naming both devices instead: ``x`` on another device than
+the layer's weights, ``q``, ``k`` and ``v`` on different devices, the encoding's learned
+parameters elsewhere than ``q``, a :class:`KVCache` holding keys on another device.
 """
 
 from __future__ import annotations
@@ -29,9 +36,15 @@ import torch
 from torch import nn
 
 from . import backends
-from ._checks import as_batched_positions, check_choice, check_float_tensor, check_positive_int
+from ._checks import (
+    as_batched_positions,
+    check_choice,
+    check_device,
+    check_float_tensor,
+    check_positive_int,
+)
 from .backends import BACKENDS, AttentionPlan, flex_available
-from .encodings import NoPE, PositionEncoding
+from .encodings import NoPE, PositionEncoding, check_learned_device
 from .schedules import LayerSchedule
 
 __all__ = [
@@ -86,6 +99,9 @@ class KVCache:
         if self.k is None:
             self.k, self.v, self.positions, self.document_ids = k, v, positions, document_ids
             return self.k, self.v, self.positions, self.document_ids
+        check_device("the new keys", k, self.k.device,
+                     fix="a KVCache holds one layer's keys on one device (reset() it, or "
+                         "keep the model on one device)")
         if k.shape[:2] != self.k.shape[:2] or k.shape[-1] != self.k.shape[-1]:
             raise ValueError(
                 f"kv_cache holds keys of shape {tuple(self.k.shape)}; new keys "
@@ -233,6 +249,8 @@ class MultiHeadAttention(nn.Module):
         b, s, d = x.shape
         if d != self.d_model:
             raise ValueError(f"x must have last dimension d_model={self.d_model}, got {d}")
+        check_device("x", x, self.q_proj.weight.device,
+                     fix="move x (or the layer, with .to(device)) to one device")
         q = self.q_proj(x).view(b, s, self.n_heads, self.head_dim).transpose(1, 2)
         k = self.k_proj(x).view(b, s, self.n_kv_heads, self.head_dim).transpose(1, 2)
         v = self.v_proj(x).view(b, s, self.n_kv_heads, self.head_dim).transpose(1, 2)
@@ -291,6 +309,9 @@ class MultiHeadAttention(nn.Module):
             raise TypeError(f"kv_cache must be a KVCache or None, got {type(kv_cache).__name__}")
         b, _, s, _ = q.shape
         device = q.device
+        for name, t in (("k", k), ("v", v)):
+            check_device(name, t, device, fix="q, k and v must be on one device")
+        check_learned_device(self.encoding, device)
         start = kv_cache.length if kv_cache is not None else 0
         # default positions (start + arange): known without reading any tensor
         default = positions is None and (kv_cache is None or kv_cache.default_positions)
@@ -298,11 +319,8 @@ class MultiHeadAttention(nn.Module):
             q_pos = torch.arange(start, start + s, device=device)[None]
         else:
             # values are read back (not negative) only on CPU, where it costs no
-            # device synchronisation; models check them once per forward pass
-            q_pos = as_batched_positions(
-                "positions", positions, b, s,
-                check_values=isinstance(positions, torch.Tensor) and positions.device.type == "cpu",
-            ).to(device)
+            # device synchronisation (as_batched_positions); models check them once
+            q_pos = as_batched_positions("positions", positions, b, s).to(device)
         # checked before anything is rotated or cached: a bad call leaves the cache as it was
         pad = self._check_padding(key_padding_mask, b, start + s, device)
         q_doc = None

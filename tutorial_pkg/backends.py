@@ -63,7 +63,18 @@ saves compute on ``"flex"``, not cache memory.
 Caches are bounded: per encoding (held weakly, so they go with it) at most
 :data:`MAX_CACHED_TABLES` bias tables and rows, keyed by device, dtype and the
 encoding's tensors (a ``.to()`` or an in-place change of the slopes makes a new
-entry); at most :data:`MAX_BLOCK_MASKS` block masks.
+entry); at most :data:`MAX_BLOCK_MASKS` block masks. Under a ``FakeTensorMode``
+(tensors without data, as in the device rehearsal) nothing is cached or served.
+
+**Devices.** Everything a backend builds for a call is built on the device of ``q``:
+bias tables, key rows and block masks, from the encoding's constants moved there
+(:func:`cached_bias` and :func:`cached_key_row` take the device as an argument, so
+an encoding left on the CPU still gets a GPU table built on the GPU). An encoding's
+learned tensors are never copied: on another device they raise ``ValueError``
+naming both devices, as do, for ``"flex"``, any of its tensors (a ``score_mod``
+captures them as they are). Nothing is read back to the host on these paths, with one
+documented exception: :func:`key_row_supported` runs its probe once per device
+type, dtype and GQA setting.
 """
 
 from __future__ import annotations
@@ -77,7 +88,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from .encodings import PositionEncoding
+from ._checks import _is_fake, check_device, fake_mode_active
+from .encodings import PositionEncoding, check_learned_device
 
 try:  # FlexAttention: torch >= 2.5
     from torch.nn.attention.flex_attention import create_block_mask, flex_attention
@@ -232,10 +244,12 @@ def _state(encoding: PositionEncoding) -> tuple:
     # modified in place (its version counter), or a setting changes, so a stale table
     # is never served.
     def token(t: torch.Tensor) -> tuple:
+        # meta and fake tensors have no data pointer (0, and a warning for fake ones)
+        ptr = id(t) if t.device.type == "meta" or _is_fake(t) else t.data_ptr()
         try:
-            return (t.data_ptr(), t._version)
+            return (ptr, t._version)
         except RuntimeError:  # inference tensors keep no version counter
-            return (t.data_ptr(), 0)
+            return (ptr, 0)
 
     settings = tuple(  # plain attributes (ALiBi's mode, the hybrid's alpha) matter too
         (name, value) for module in encoding.modules() for name, value in vars(module).items()
@@ -249,6 +263,8 @@ def _overrides(encoding: PositionEncoding, hook: str) -> bool:
 
 
 def _lookup(encoding: PositionEncoding, key: tuple, size: int, build):
+    if fake_mode_active():  # tensors without data: neither stored nor served (module docs)
+        return build()
     entries = _tables.setdefault(encoding, OrderedDict())
     key = (*key, _state(encoding))
     table = entries.get(key)
@@ -285,8 +301,13 @@ def cached_bias(
     two) and sliced, so the ``L x L`` bias is built once per length, not per call. A
     learnable bias (``static_bias = False``) is rebuilt on every call. ``None`` if the
     encoding has no bias.
+
+    The table is built on ``device``, from the encoding's constants (ALiBi's slopes)
+    moved there, wherever the encoding lives; an encoding whose learned parameters
+    live on another device raises ``ValueError`` naming both (move it first).
     """
     device = torch.device(device)
+    check_learned_device(encoding, device)
     n = max(q_start + q_len, k_len)
 
     if not encoding.static_bias:
@@ -340,9 +361,10 @@ def cached_key_row(encoding: PositionEncoding, k_len: int, *, device) -> torch.T
     ``m_h j``, which grows with ``j``; rounded to bfloat16 it would lose the small
     differences between neighbouring keys. ``H`` floats per position, not ``H L`` as
     for :func:`cached_bias`. A learnable bias is rebuilt on every call. ``None`` if
-    the encoding has no key-only form.
+    the encoding has no key-only form. Built on ``device`` as :func:`cached_bias` is.
     """
     device = torch.device(device)
+    check_learned_device(encoding, device)
     if not encoding.static_bias:
         row = encoding.key_bias(torch.arange(k_len, device=device))
         return None if row is None else _as_4d(row)
@@ -476,17 +498,27 @@ def key_row_supported(device: torch.device, dtype: torch.dtype, gqa: bool) -> bo
     per (device type, dtype, GQA) on a tiny problem whose keys sit at positions
     4096+ (a row rounded to bfloat16 fails there): forward and gradients against a
     float64 reference.
+
+    The probe reads its errors back to the host: a synchronisation, once per key.
+    Where nothing can run (meta tensors, a ``FakeTensorMode``) nothing is proven: the
+    answer is False and is not cached, so a real device of that type probes later.
     """
     key = (torch.device(device).type, dtype, gqa)
     if key in _key_row_ok:
         return _key_row_ok[key]
     if torch.compiler.is_compiling():
         return False  # never probe while tracing; the next eager call will
-    _key_row_ok[key] = ok = _probe_key_row(torch.device(device), dtype, gqa)
+    ok = _probe_key_row(torch.device(device), dtype, gqa)
+    if ok is None:
+        return False
+    _key_row_ok[key] = ok
     return ok
 
 
-def _probe_key_row(device, dtype, gqa) -> bool:
+def _probe_key_row(device, dtype, gqa) -> bool | None:
+    """The check of :func:`key_row_supported`; None where tensors hold no data."""
+    if device.type == "meta" or fake_mode_active():
+        return None
     heads, kv_heads, length, dim, offset = 2, 1 if gqa else 2, 16, 8, 4096
     gen = torch.Generator().manual_seed(0)
     q = torch.randn(1, heads, length, dim, generator=gen)
@@ -518,7 +550,8 @@ def _probe_key_row(device, dtype, gqa) -> bool:
                        row.to(device), fused=False)
     except RuntimeError:  # e.g. "attn_mask should not be set when is_causal=True"
         return False
-    # float32 rounds m j ~ 2048 to ~1e-4; a row rounded to 16 bits is off by ~1 or more
+    # float32 rounds m j ~ 2048 to ~1e-4; a row rounded to 16 bits is off by ~1 or more.
+    # float() reads each error back: the probe's one synchronisation (once per key)
     tol = 1e-3 if dtype in (torch.float32, torch.float64) else 5e-2
     return all(
         float((g.detach().double() - w.detach()).abs().max())
@@ -573,25 +606,34 @@ def flex_available() -> tuple[bool, str]:
     return True, ""
 
 
+#: Device types FlexAttention runs on (torch 2.13's ``_validate_device``), and those of
+#: them without a backward.
+_FLEX_DEVICES = {"cuda", "cpu", "xpu", "hpu", "mps"}
+_FLEX_NO_BACKWARD = {"cpu", "mps"}
+
+
 def flex_blocker(q, k, v, plan: AttentionPlan, encoding: PositionEncoding, *,
                  dropout_p: float) -> str:
     """Why FlexAttention cannot run this call here (``""`` if it can)."""
     ok, why = flex_available()
     if not ok:
         return why
+    if q.device.type not in _FLEX_DEVICES:
+        return f"FlexAttention does not run on {q.device.type} tensors"
     if plan.s == 1:
         return "single-token decoding step (the cached bias row is cheaper)"
     if encoding.has_bias and not _overrides(encoding, "score_mod"):
         return f"{type(encoding).__name__} has a bias hook but no score_mod"
     if dropout_p:
         return "attention dropout is not supported by FlexAttention"
-    if q.device.type == "cpu":
-        # torch refuses inputs that require grad on CPU, whatever the grad mode
+    if q.device.type in _FLEX_NO_BACKWARD:
+        # torch refuses inputs that require grad there, whatever the grad mode
         learnable = torch.is_grad_enabled() and any(
             p.requires_grad for p in encoding.parameters()
         )
         if q.requires_grad or k.requires_grad or v.requires_grad or learnable:
-            return "FlexAttention has no CPU backward in this torch (use torch.no_grad())"
+            return (f"FlexAttention has no {q.device.type.upper()} backward in this torch "
+                    f"(use torch.no_grad())")
     return ""
 
 
@@ -676,7 +718,8 @@ def _block_mask(plan: AttentionPlan, batch: int, device, mark_dynamic: bool):
         return None
     key = (plan.s, plan.k_len, plan.start, plan.causal, window, torch.device(device),
            mark_dynamic)
-    block_mask = _block_masks.get(key)
+    fake = fake_mode_active()  # fake masks are neither stored nor served (module docs)
+    block_mask = None if fake else _block_masks.get(key)
     if block_mask is None:
         if window is not None:  # captures ints: compiled with static shapes (see flex)
             mask_mod = _window_mask_mod(plan.start, window, plan.causal)
@@ -687,6 +730,8 @@ def _block_mask(plan: AttentionPlan, batch: int, device, mark_dynamic: bool):
         block_mask = create_block_mask(mask_mod, None, None, plan.s, plan.k_len, device=device)
         if mark_dynamic:
             _mark_block_mask_dynamic(block_mask)
+        if fake:
+            return block_mask
         _block_masks[key] = block_mask
     _block_masks.move_to_end(key)
     while len(_block_masks) > MAX_BLOCK_MASKS:
@@ -695,13 +740,23 @@ def _block_mask(plan: AttentionPlan, batch: int, device, mark_dynamic: bool):
 
 
 def flex(q, k, v, plan: AttentionPlan, encoding: PositionEncoding, *, compile: bool = True):
-    """FlexAttention: the encoding's ``score_mod`` and the plan's block mask."""
+    """FlexAttention: the encoding's ``score_mod`` and the plan's block mask.
+
+    A ``score_mod`` captures the encoding's tensors as they are, so with one every
+    tensor of the encoding must live on ``q``'s device (``ValueError`` naming both
+    devices otherwise).
+    """
     batch = q.shape[0]
     if plan.default_positions:
         score_mod = encoding.score_mod(q_offset=plan.start)
     else:
         score_mod = encoding.score_mod(0, plan.q_pos.expand(batch, -1).contiguous(),
                                        plan.k_pos.expand(batch, -1).contiguous())
+    if score_mod is not None:
+        for name, t in (*encoding.named_buffers(), *encoding.named_parameters()):
+            check_device(f"{type(encoding).__name__}'s tensor {name}", t, q.device,
+                         fix="FlexAttention's score_mod captures it; move the encoding (or "
+                             "the layer) to that device with .to(device)")
     # the dynamic compile only for the common call: default positions (a score_mod that
     # captures position tensors does not build with dynamic shapes on CPU), whole causal
     # sequence, no padding, no documents, no window (a mask_mod that captures the window

@@ -42,9 +42,11 @@ from torch import nn
 from ._checks import (
     as_batched_positions,
     check_choice,
+    check_device,
     check_even,
     check_float_tensor,
     check_positive_int,
+    values_readable,
 )
 from .alibi import ALIBI_MODES, _alibi_bias, _score_mod_signature, alibi_score_mod, alibi_slopes
 from .rope import RotaryEmbedding
@@ -61,6 +63,7 @@ __all__ = [
     "Hybrid",
     "ENCODINGS",
     "make_encoding",
+    "check_learned_device",
 ]
 
 
@@ -80,6 +83,12 @@ class PositionEncoding(nn.Module):
       ``set_scaling(rule)`` for RoPE context extension;
     * ``static_bias``: :meth:`bias` depends on positions only, so attention may cache it
       (``False`` for a learnable bias).
+
+    **Devices.** Hooks build what they return on the device of the positions (or of
+    ``x``, ``q``). Constants an encoding holds (ALiBi's slopes, RoPE's frequencies and
+    tables) are moved there, so a table built for a GPU is built from GPU tensors;
+    learned tensors are not (a copy would not be trained): on another device they raise
+    ``ValueError`` naming both devices (:func:`check_learned_device`).
 
     **Building by name.** :func:`make_encoding` looks the name up in :data:`ENCODINGS`
     and calls :meth:`build` with the model's sizes; the default :meth:`build` passes
@@ -174,6 +183,18 @@ class PositionEncoding(nn.Module):
         return type(self).bias is not PositionEncoding.bias
 
 
+def check_learned_device(encoding: nn.Module, device) -> None:
+    """Raise ``ValueError`` if a parameter of ``encoding`` is not on ``device``.
+
+    A hook cannot move a learned tensor to the device of the call: the copy would get
+    the gradient and the parameter would never be trained (and a copy per call is slow).
+    """
+    for name, p in encoding.named_parameters():
+        check_device(f"{type(encoding).__name__}'s learned {name}", p, device,
+                     fix="move the encoding (or the layer or model holding it) to that "
+                         "device with .to(device)")
+
+
 class NoPE(PositionEncoding):
     """No position information at all (causal masking alone leaks some order)."""
 
@@ -217,13 +238,18 @@ class Learned(PositionEncoding):
 
     def embed(self, x, positions):
         check_float_tensor("x", x, ndim=3)
+        check_learned_device(self, x.device)
         positions = as_batched_positions("positions", positions, x.shape[0], x.shape[1])
-        if positions.numel() and int(positions.max()) >= self.max_len:
-            raise ValueError(
-                f"positions must be < max_len={self.max_len} for learned embeddings, got "
-                f"{int(positions.max())} (they cannot extrapolate)"
-            )
-        return x + self.table(positions).to(x.dtype)
+        # values are read on CPU only (free there); TinyLM checks default positions against
+        # max_positions on the host, so a GPU run needs no read back for them
+        if positions.numel() and values_readable(positions):
+            top = int(positions.max())
+            if top >= self.max_len:
+                raise ValueError(
+                    f"positions must be < max_len={self.max_len} for learned embeddings, got "
+                    f"{top} (they cannot extrapolate)"
+                )
+        return x + self.table(positions.to(x.device)).to(x.dtype)
 
 
 class Rotary(PositionEncoding):
@@ -415,8 +441,14 @@ class Hybrid(PositionEncoding):
 
     def effective_slopes(self) -> torch.Tensor:
         """Slopes actually applied: ``m_h * s_h`` (times ``1 - alpha`` for ``mix='alpha'``)."""
-        slopes = self.alibi.slopes
+        return self._slopes_on(self.alibi.slopes.device)
+
+    def _slopes_on(self, device) -> torch.Tensor:
+        # the fixed slopes are constants, moved to the call's device; the learned scale
+        # must live there (check_learned_device)
+        slopes = self.alibi.slopes.to(device)
         if self.learnable_scale:
+            check_learned_device(self, device)
             slopes = slopes * self.log_scale.exp()
         if self.mix == "alpha":
             slopes = slopes * (1.0 - self.alpha)
@@ -429,16 +461,17 @@ class Hybrid(PositionEncoding):
         return q, k
 
     def bias(self, q_pos, k_pos):
-        return _alibi_bias(self.effective_slopes(), q_pos, k_pos, self.mode)
+        return _alibi_bias(self._slopes_on(k_pos.device), q_pos, k_pos, self.mode)
 
     def score_mod(self, q_offset=0, q_pos=None, k_pos=None):
-        return alibi_score_mod(self.effective_slopes(), mode=self.mode, q_offset=q_offset,
+        device = self.alibi.slopes.device if q_pos is None else q_pos.device
+        return alibi_score_mod(self._slopes_on(device), mode=self.mode, q_offset=q_offset,
                                q_pos=q_pos, k_pos=k_pos)
 
     def key_bias(self, k_pos):
         if self.mode == "symmetric":
             return None
-        return _alibi_bias(self.effective_slopes(), k_pos, k_pos, "key_only")
+        return _alibi_bias(self._slopes_on(k_pos.device), k_pos, k_pos, "key_only")
 
     @property
     def scaling(self) -> dict | None:

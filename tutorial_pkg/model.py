@@ -13,6 +13,12 @@ Same initial weights for every encoding: the encoding is built on a forked RNG,
 so a learned position table does not shift the random stream that initialises
 the rest of the model. Two models built with the same ``seed`` and different
 encodings therefore start from identical embeddings and blocks.
+
+Devices: token ids, targets, positions and masks are moved to the model's device (a
+reader's CPU batch works with a GPU model). Their values (ids in the vocabulary, no
+negative position) are checked where that is free, on CPU tensors; on a GPU that read
+would synchronise every step, so there the model checks only what it knows on the host:
+default positions against the encoding's declared ``max_positions``.
 """
 
 from __future__ import annotations
@@ -21,7 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ._checks import as_batched_positions, check_positive_int
+from ._checks import as_batched_positions, check_positive_int, values_readable
 from .attention import KVCache, TransformerBlock
 from .encodings import PositionEncoding, make_encoding
 from .schedules import LayerSchedule, PerLayer
@@ -148,24 +154,31 @@ class TinyLM(nn.Module):
         if isinstance(module, nn.Linear) and module.bias is not None:
             nn.init.zeros_(module.bias)
 
+    @property
+    def device(self) -> torch.device:
+        """The device of the model's weights (where its inputs are moved)."""
+        return self.tok_emb.weight.device
+
     def new_caches(self) -> list[KVCache]:
         """One empty :class:`~tutorial_pkg.attention.KVCache` per layer (incremental decoding)."""
         return [KVCache() for _ in self.blocks]
 
-    def _check_ids(self, ids):
+    def _check_ids(self, ids) -> torch.Tensor:
+        """Check ``ids`` (values on CPU only, see the module docs); move them to the model."""
         integer = (torch.long, torch.int, torch.int16, torch.uint8)
         if not isinstance(ids, torch.Tensor) or ids.dtype not in integer:
             got = getattr(ids, "dtype", type(ids).__name__)
             raise TypeError(f"ids must be an integer tensor [b, s], got {got}")
         if ids.dim() != 2:
             raise ValueError(f"ids must have shape [b, s], got {tuple(ids.shape)}")
-        if ids.numel() and not torch.compiler.is_compiling():
-            low, high = (int(t) for t in torch.aminmax(ids))  # one kernel, one wait
+        if ids.numel() and values_readable(ids):
+            low, high = (int(t) for t in torch.aminmax(ids))  # one kernel
             if low < 0 or high >= self.vocab_size:
                 raise ValueError(
                     f"ids must be in [0, vocab_size={self.vocab_size}), got values in "
                     f"[{low}, {high}]"
                 )
+        return ids.to(self.device)
 
     def _check_caches(self, caches):
         if caches is None:
@@ -199,13 +212,15 @@ class TinyLM(nn.Module):
         Returns:
             float logits ``[b, s, vocab_size]``.
         """
-        self._check_ids(ids)
+        ids = self._check_ids(ids)
         self._check_caches(caches)
         b, s = ids.shape
         if positions is None:
             start = caches[0].length if caches is not None else 0
             pos = torch.arange(start, start + s, device=ids.device)
-        else:  # checked once here (values read once), not in every layer
+            if not values_readable(pos):  # the encoding cannot read them: check on the host
+                self._check_max_positions(start + s)
+        else:  # checked once here (values read once, on CPU), not in every layer
             pos = as_batched_positions("positions", positions, b, s).to(ids.device)
         x = self.drop(self.encoding.embed(self.tok_emb(ids.long()), pos))
         explicit = pos if positions is not None else None
@@ -214,10 +229,17 @@ class TinyLM(nn.Module):
                       document_ids=document_ids, kv_cache=None if caches is None else caches[i])
         return self.norm(x) @ self.tok_emb.weight.T  # output head tied to the embedding
 
+    def _check_max_positions(self, end: int) -> None:
+        limit = self.encoding.max_positions
+        if limit is not None and end > limit:
+            raise ValueError(f"positions must be < max_positions={limit} of the "
+                             f"{self.encoding.name!r} encoding, got up to {end - 1}")
+
     def loss(self, ids, targets) -> torch.Tensor:
         """Mean cross-entropy (nats per token) of ``targets [b, s]`` given ``ids [b, s]``."""
         logits = self(ids)
-        return F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), targets.reshape(-1))
+        return F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(),
+                               targets.reshape(-1).to(logits.device))
 
     @torch.no_grad()
     def attention_weights(self, ids, layer: int = -1) -> torch.Tensor:
@@ -227,7 +249,7 @@ class TinyLM(nn.Module):
             ids: ``[b, s]`` token ids.
             layer: block index (negative counts from the end).
         """
-        self._check_ids(ids)
+        ids = self._check_ids(ids)
         if isinstance(layer, bool) or not isinstance(layer, int) or not (
             -self.n_layers <= layer < self.n_layers
         ):

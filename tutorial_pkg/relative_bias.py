@@ -35,7 +35,7 @@ import torch
 from torch import nn
 
 from ._checks import check_nonneg_int, check_positive_float, check_positive_int
-from .encodings import ENCODINGS, PositionEncoding
+from .encodings import ENCODINGS, PositionEncoding, check_learned_device
 
 __all__ = ["T5_NUM_BUCKETS", "T5_MAX_DISTANCE", "t5_relative_position_bucket", "T5RelativeBias"]
 
@@ -118,7 +118,9 @@ class T5RelativeBias(PositionEncoding):
     parameters are learnable, so attention rebuilds the bias on every call
     (``static_bias = False``); FlexAttention gets a ``score_mod`` that gathers from the
     ``(n_heads, 2 max_distance + 1)`` table. Shared by every layer of a
-    :class:`~tutorial_pkg.model.TinyLM`, as T5 shares the first layer's bias.
+    :class:`~tutorial_pkg.model.TinyLM`, as T5 shares the first layer's bias. The table
+    is learned, so it is never copied to the device of a call: positions on another
+    device than the encoding raise ``ValueError`` naming both.
 
     Args:
         n_heads: query heads (one learned value per head and bucket).
@@ -176,6 +178,7 @@ class T5RelativeBias(PositionEncoding):
         return rel.clamp(-self.max_distance, self.max_distance) + self.max_distance
 
     def bias(self, q_pos, k_pos):
+        check_learned_device(self, k_pos.device)
         out = self.table()[:, self._index(q_pos, k_pos)]  # (H, [b,] L_q, L_k)
         return out.movedim(0, 1) if out.dim() == 4 else out
 
@@ -183,6 +186,8 @@ class T5RelativeBias(PositionEncoding):
         check_nonneg_int("q_offset", q_offset)
         if (q_pos is None) != (k_pos is None):
             raise ValueError("q_pos and k_pos must be given together")
+        if q_pos is not None:
+            check_learned_device(self, q_pos.device)
         table = self.table()
         # the bounds as tensors: a captured int becomes symbolic when Flex is compiled with
         # dynamic shapes, and torch 2.13's inductor cannot lower clamp with symbolic bounds

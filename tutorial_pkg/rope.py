@@ -509,6 +509,12 @@ def half_to_interleaved(w: torch.Tensor, n_heads: int, rotary_dim: int | None = 
     return _permute_heads(w, n_heads, torch.argsort(perm))
 
 
+def _check_start(start) -> int:
+    if isinstance(start, bool) or not isinstance(start, int) or start < 0:
+        raise ValueError(f"start must be an int >= 0, got {start!r}")
+    return start
+
+
 # --------------------------------------------------------------------------- module
 class RotaryEmbedding(nn.Module):
     """RoPE for ``[b, n_h, s, h_d]`` queries and keys, with a cos/sin cache.
@@ -680,14 +686,14 @@ class RotaryEmbedding(nn.Module):
         """Check the positions and grow the cache to them; the cache rows to read.
 
         A slice for ``start``/``length`` (a view, no copy), the checked integer
-        tensor for explicit ``positions`` (the cache moves to its device).
+        tensor for explicit ``positions`` (the cache moves to its device). Explicit
+        positions are read back to size the cache: a synchronisation on a GPU, so only
+        :meth:`cos_sin` takes this path, never attention (:meth:`_tables`).
         """
         device = self.inv_freq.device if positions is None else positions.device
         if positions is None:
             check_positive_int("length", length)
-            if isinstance(start, bool) or not isinstance(start, int) or start < 0:
-                raise ValueError(f"start must be an int >= 0, got {start!r}")
-            end = start + length
+            end = _check_start(start) + length
         else:
             positions = as_positions("positions", positions)
             end = int(positions.max()) + 1 if positions.numel() else 0
@@ -739,11 +745,25 @@ class RotaryEmbedding(nn.Module):
         if x.shape[-2] == 0:
             return None
         if positions is None:
-            rows = self._rows(None, start, x.shape[-2])
-            return self.cos_cached[rows], self.sin_cached[rows], rows
+            if x.device == self.inv_freq.device:
+                rows = self._rows(None, start, x.shape[-2])
+                return self.cos_cached[rows], self.sin_cached[rows], rows
+            # x lives elsewhere than this module: the angles are built on x's device,
+            # from the frequencies moved there, not copied from the cache at every call;
+            # the largest position is known on the host
+            end = _check_start(start) + x.shape[-2]
+            if self.max_position is not None and end > self.max_position:
+                raise ValueError(
+                    f"positions must be < max_position={self.max_position}, got up to {end - 1}"
+                )
+            self._follow_length(end)
+            return (*self._angle_tables(torch.arange(start, end, device=x.device), x.device),
+                    None)
         if not isinstance(positions, torch.Tensor):
             positions = as_positions("positions", positions, device=x.device)
         positions = self._positions_for(x, positions, name, check_values)
+        # the two reads back below are opt-in (max_position, a length-dependent rule);
+        # each is a device synchronisation per call on a GPU, and plain RoPE has neither
         if self.max_position is not None and check_values:
             end = int(positions.max()) + 1
             if end > self.max_position:
@@ -752,9 +772,13 @@ class RotaryEmbedding(nn.Module):
                 )
         if self._length_rule is not None:  # reads the largest position back, as HF does
             self._follow_length(int(positions.max()) + 1)
-        inv = self.inv_freq.to(x.device)
+        return (*self._angle_tables(positions, x.device), None)
+
+    def _angle_tables(self, positions: torch.Tensor, device: torch.device):
+        """float32 ``cos, sin`` of ``positions`` (any shape), built on ``device``."""
+        inv = self.inv_freq.to(device)  # a constant: moved to where the call runs
         angles = positions.to(inv.dtype)[..., None] * inv
-        return angles.cos() * self.attention_factor, angles.sin() * self.attention_factor, None
+        return angles.cos() * self.attention_factor, angles.sin() * self.attention_factor
 
     def _fusable(self) -> bool:
         return self.fused and self.layout == "half" and self.rotary_dim == self.head_dim

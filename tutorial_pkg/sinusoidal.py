@@ -21,6 +21,7 @@ from ._checks import (
     check_float_tensor,
     check_nonneg_int,
     check_positive_float,
+    values_readable,
 )
 
 __all__ = ["sinusoidal_frequencies", "sinusoidal_table", "SinusoidalPositionalEmbedding"]
@@ -65,11 +66,15 @@ def sinusoidal_table(
         >>> sinusoidal_table(4, 8).shape
         torch.Size([4, 8])
     """
-    pos = as_positions("positions", positions, device=device).to(torch.float64)
-    omega = sinusoidal_frequencies(dim, base).to(pos.device)
-    angles = pos[:, None] * omega[None, :]  # (L, dim/2), float64: exact enough for big p
-    table = torch.stack((angles.sin(), angles.cos()), dim=-1).flatten(-2)  # interleave
-    return table.to(dtype)
+    pos = as_positions("positions", positions, device=device)
+    return _rows(pos, dim, base).to(dtype)
+
+
+def _rows(positions: torch.Tensor, dim: int, base: float) -> torch.Tensor:
+    """``PE(p)`` for integer positions of any shape ``(...)``: float64 ``(..., dim)``."""
+    omega = sinusoidal_frequencies(dim, base).to(positions.device)
+    angles = positions.to(torch.float64)[..., None] * omega  # float64: exact enough for big p
+    return torch.stack((angles.sin(), angles.cos()), dim=-1).flatten(-2)  # interleave
 
 
 class SinusoidalPositionalEmbedding(nn.Module):
@@ -77,7 +82,9 @@ class SinusoidalPositionalEmbedding(nn.Module):
 
     The table is cached (not saved in ``state_dict``) and grows on demand, so any
     position works; decoding passes the positions (or a start offset) of the new
-    tokens.
+    tokens. Sizing the table reads the largest position back, which is free for CPU
+    positions only; positions on a GPU (or meta/fake tensors) get their rows computed
+    directly instead (the same float64 formula, no synchronisation).
 
     Args:
         dim: model dimension ``d`` (even).
@@ -114,5 +121,8 @@ class SinusoidalPositionalEmbedding(nn.Module):
             check_nonneg_int("offset", offset)
             positions = torch.arange(offset, offset + x.shape[1], device=x.device)
         positions = as_batched_positions("positions", positions, x.shape[0], x.shape[1])
+        if not values_readable(positions):  # no read back: the rows of these positions
+            rows = _rows(positions.to(x.device), self.dim, self.base).float()  # as the table
+            return x + rows.to(x.dtype)
         self._grow(int(positions.max()) + 1 if positions.numel() else 0, x.device)
-        return x + self.table[positions].to(x.dtype)
+        return x + self.table[positions.to(x.device)].to(x.dtype)
