@@ -29,7 +29,7 @@ import copy
 import importlib
 import sys
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -40,7 +40,7 @@ if __package__ in (None, ""):  # run as a script: make the repository importable
 
 from benchmarks.articles import ArticlesALiBiAttention  # noqa: E402
 from tutorial_pkg import benchmark as bm  # noqa: E402
-from tutorial_pkg.benchmark import ATTENTION_LIMIT, ROPE_LIMIT, Case  # noqa: E402
+from tutorial_pkg.benchmark import ATTENTION_LIMIT, ROPE_LIMIT, Case, Footprint  # noqa: E402
 
 
 # --------------------------------------------------------------------------- #
@@ -83,6 +83,90 @@ SUITE_PARTS = ("attention", "rope", "lm")
 #: The encodings of the attention part; the others (sinusoidal, learned) act on the
 #: embeddings, so their attention is NoPE's; they appear in the ``lm`` part.
 ATTENTION_ENCODINGS = ("nope", "rope", "alibi", "hybrid")
+#: Below this compute capability a GPU has no bfloat16 in its fused kernels (FlashAttention,
+#: memory-efficient SDPA) nor in Triton, which compiles the fused RoPE kernel: sm75 (T4).
+BF16_CAPABILITY = (8, 0)
+
+
+# --------------------------------------------------------------------------- #
+# What a device can run
+# --------------------------------------------------------------------------- #
+@dataclass(frozen=True)
+class DevicePlan:
+    """Dtypes and compilations the suite (and chapter 5) use on one device.
+
+    Chosen by the GPU's compute capability (:func:`device_plan`): every GPU measures
+    attention in float16, which all of them run in their fused kernels; bfloat16, and
+    compiling the fused RoPE kernel in bfloat16, only from :data:`BF16_CAPABILITY` (sm80,
+    A100 and later): a T4 (sm75) has neither, so there the ``rope bfloat16`` group runs
+    its eager cases and records ``rotate fused`` as skipped, with the reason.
+
+    Attributes:
+        device: The device (``"cpu"``, ``"cuda:0"``, ...).
+        capability: ``(major, minor)`` of a CUDA GPU, else ``None``.
+        dtype: Default dtype of the attention part.
+        rope_dtypes: Dtypes of the RoPE part, in order.
+        bf16: bfloat16 is supported by the fast kernels.
+        fused_bf16: The fused RoPE kernel may be compiled in bfloat16.
+        notes: Why something is left out (one line each), for the reader.
+    """
+
+    device: str
+    capability: tuple[int, int] | None
+    dtype: str
+    rope_dtypes: tuple[str, ...]
+    bf16: bool
+    fused_bf16: bool
+    notes: tuple[str, ...] = field(default_factory=tuple)
+
+
+def _sm(capability: tuple[int, int] | None) -> str:
+    return "unknown" if capability is None else f"sm{capability[0]}{capability[1]}"
+
+
+def device_plan(device: str | torch.device) -> DevicePlan:
+    """The :class:`DevicePlan` of ``device``: on CUDA from ``torch.cuda.get_device_capability``.
+
+    CPU: float32 attention; RoPE in float32 and bfloat16, both compiled when fused.
+    CUDA: float16 attention; RoPE in float32, float16 and bfloat16; bfloat16 in the fast
+    kernels and the bfloat16 fused RoPE kernel only from compute capability 8.0.
+    Any other device type (``meta``, for rehearsals) is planned as a GPU of unknown
+    capability: the conservative, sm75 plan.
+    """
+    dev = torch.device(device)
+    if dev.type == "cpu":
+        return DevicePlan(str(dev), None, "float32", ("float32", "bfloat16"), True, True)
+    capability = None
+    if dev.type == "cuda":
+        capability = tuple(int(v) for v in torch.cuda.get_device_capability(dev))
+    bf16 = capability is not None and capability >= BF16_CAPABILITY
+    notes = ()
+    if not bf16:
+        have = _sm(capability)
+        notes = (f"compute capability {have} < sm80: no bfloat16 in the fused kernels or "
+                 "Triton; attention in float16, the bfloat16 fused RoPE kernel not compiled",)
+    return DevicePlan(str(dev), capability, "float16", ("float32", "float16", "bfloat16"),
+                      bf16, bf16, notes)
+
+
+class _Lazy:
+    """A value built on first use and dropped by :meth:`release`.
+
+    What a case holds (the articles' buffer, a 3-D mask) is built by its first call, so
+    that it exists only while that case is measured, not from the moment the group is
+    built; :meth:`release` is the case's :attr:`~tutorial_pkg.benchmark.Case.release`.
+    """
+
+    def __init__(self, build: Callable[[], Any]) -> None:
+        self._build, self.value = build, None
+
+    def get(self) -> Any:
+        if self.value is None:
+            self.value = self._build()
+        return self.value
+
+    def release(self) -> None:
+        self.value = None
 
 
 def _sdpa_causal(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
@@ -106,6 +190,8 @@ def _held_bytes(*modules: Any) -> int:
                 total += storage.nbytes()
 
     for m in modules:
+        if m is None:  # a lazy value not built (or already released)
+            continue
         if isinstance(m, torch.nn.Module):
             for sub in m.modules():
                 for t in sub.buffers(recurse=False):
@@ -117,13 +203,6 @@ def _held_bytes(*modules: Any) -> int:
             for t in vars(m).values():
                 add(t)
     return total
-
-
-def _unsupported(reason: str) -> Callable[[], Any]:
-    def run() -> Any:
-        raise NotImplementedError(reason)
-
-    return run
 
 
 def _make_call(
@@ -151,6 +230,203 @@ def _suite_dtype(args: argparse.Namespace) -> torch.dtype:
     return getattr(torch, args.dtype)
 
 
+# --------------------------------------------------------------------------- #
+# Expected footprints, from shapes
+# --------------------------------------------------------------------------- #
+def _esize(dtype: torch.dtype) -> int:
+    return torch.empty((), dtype=dtype).element_size()
+
+
+def _table_side(n: int) -> int:
+    """Side of the square bias table the backends cache for length ``n`` (a power of two)."""
+    return max(128, 1 << (max(n, 1) - 1).bit_length())
+
+
+def _mask_cast(device: torch.device, dtype: torch.dtype) -> bool:
+    """Does the ``sdpa`` path cast its float32 table to q's dtype in every call?
+
+    Where SDPA takes a float32 mask with 16-bit q (a CPU) it does not; a GPU's kernels
+    want the mask in q's dtype, so each call shifts the float32 slice (a float32
+    temporary) and rounds it (a 16-bit copy). The rule is ``tutorial_pkg.backends``'.
+    """
+    from tutorial_pkg import backends
+
+    float32_devices = getattr(backends, "_FLOAT32_MASK_DEVICES", {"cpu"})
+    return dtype not in (torch.float32, torch.float64) and device.type not in float32_devices
+
+
+def _key_row_here(device: torch.device, dtype: torch.dtype) -> bool:
+    """Does ``auto`` take its key row here (else the cached table of ``sdpa``)?"""
+    from tutorial_pkg import backends
+
+    try:
+        return bool(backends.key_row_supported(device, dtype, False))
+    except (RuntimeError, NotImplementedError):  # a device whose probe cannot run (meta)
+        return False  # the table path: the larger footprint
+
+
+def _part(parts: dict[str, int], label: str, nbytes: int) -> int:
+    parts[label] = int(nbytes)
+    return int(nbytes)
+
+
+def attention_footprint(
+    encoding: str,
+    backend: str,
+    *,
+    batch: int,
+    heads: int,
+    seq_len: int,
+    head_dim: int,
+    dtype: torch.dtype,
+    train: bool,
+    device: str | torch.device,
+    key_row: bool | None = None,
+) -> Footprint:
+    """The memory one attention case of :func:`attention_suite` needs, from its shapes.
+
+    Counted in bytes from the shapes and element sizes, by following what each path
+    allocates (``tutorial_pkg.backends``, ``benchmarks/articles.py``), with
+    ``N = b H L d`` (one of q, k, v), ``S = b H L^2`` (the scores), ``B = H L^2`` (one
+    bias), ``T`` the side of the cached table (``L`` rounded up to a power of two,
+    at least 128), ``e`` the element size of ``dtype``, ``f`` that of float32 (the
+    dtype of scores, biases and the naive backend's arithmetic):
+
+    * **inputs** (not in :attr:`~tutorial_pkg.benchmark.Footprint.need`: they exist
+      before any case): q, k, v ``3 N e``, and the output gradient ``N e`` in training;
+    * **output** ``N e``; RoPE and the hybrid add the rotated q and k, ``2 N e``;
+    * **tables held**: ``sdpa`` (and ``auto`` where it has no key row) a float32
+      ``(1, H, T, T)`` table, ``H T^2 f``; built from a float32 bias and its masked copy
+      (first call: ``2 H T^2 f`` plus the ``T^2`` distances); on a GPU each call then
+      shifts the ``(1, H, L, L)`` slice (``B f``) and rounds it to q's dtype (``B e``);
+      ``auto`` with its key row holds ``H T f``; ``sdpa-3d-mask`` holds the table in
+      q's dtype, ``H T^2 e`` (built through two float32 tables and the shift); the
+      articles' code a float32 buffer of side ``max(2048, L)``;
+    * **attention weights**, for the naive backend and the articles' code: the
+      ``S``-sized float32 scores, their masked copy and the softmax, of which two are
+      alive at once, next to the bias ``B f`` (three at once while the bias is built);
+      a CPU's SDPA also materialises them for a 3-D mask (its math path);
+    * **autograd** (training): the gradients of q, k, v ``3 N e``; a fused kernel's
+      log-sum-exp and float32 accumulator of dq (``N f``); the naive path keeps the
+      float32 copies of q, k, v and the softmax output for backward, where the output's
+      gradient, the softmax's gradient and the weights are alive at once (``3 S f``).
+
+    Small terms (positions, the causal mask's ``L^2`` booleans, block masks) are
+    counted where they coexist with the large ones; the rest is left to the headroom
+    of :func:`tutorial_pkg.benchmark.fit_problem`.
+
+    Args:
+        encoding: ``"nope"``, ``"rope"``, ``"alibi"`` or ``"hybrid"``, or ``"none"``
+            (the limit reference).
+        backend: ``"naive"``, ``"sdpa"``, ``"flex"``, ``"auto"``, ``"article"`` or
+            ``"sdpa-3d-mask"``.
+        batch, heads, seq_len, head_dim: The shapes.
+        dtype: Dtype of q, k, v.
+        train: Forward and backward (``fwd+bwd``) instead of inference.
+        device: Where it runs (the mask rules differ between CPU and GPU).
+        key_row: Whether ``auto`` takes its key row; default: asks
+            ``tutorial_pkg.backends.key_row_supported``.
+
+    Returns:
+        The :class:`~tutorial_pkg.benchmark.Footprint`, with its terms in ``parts``.
+    """
+    dev = torch.device(device)
+    b, h, L, d = batch, heads, seq_len, head_dim
+    e, f = _esize(dtype), _esize(torch.promote_types(dtype, torch.float32))
+    n, scores, bias = b * h * L * d, b * h * L * L, h * L * L
+    side = _table_side(L)
+    table = h * side * side
+    parts: dict[str, int] = {"inputs: q, k, v" + (", grad_out" if train else ""):
+                             (4 if train else 3) * n * e}
+    held = build = 0
+    call = _part(parts, "output", n * e)
+    lse = b * h * L * 4  # the fused kernels' log-sum-exp rows (float32)
+    has_bias = encoding in ("alibi", "hybrid")
+    if encoding in ("rope", "hybrid"):
+        call += _part(parts, "rotated q, k", 2 * n * e)
+    if train:
+        call += _part(parts, "gradients of q, k, v", 3 * n * e)
+    path = backend
+    if backend == "auto":
+        if key_row is None:
+            key_row = _key_row_here(dev, dtype)
+        path = "row" if (has_bias and key_row) else "sdpa"
+    if path == "sdpa" and not has_bias:
+        path = "fused"
+    if backend == "flex" or encoding == "none":
+        path = "fused"
+
+    if path in ("fused", "row"):
+        call += _part(parts, "kernel: log-sum-exp", lse)
+        if train:
+            call += _part(parts, "kernel: float32 dq accumulator", n * 4)
+        if path == "row":
+            held = _part(parts, "held: key row (1, H, 1, T) float32", h * side * 4)
+    elif path == "sdpa":
+        held = _part(parts, "held: table (1, H, T, T) float32", table * f)
+        build = parts["first call: table built from two float32 biases, rotated q, k"] = (
+            2 * table * f + 4 * side * side + parts.get("rotated q, k", 0))
+        call += _part(parts, "kernel: log-sum-exp", lse)
+        if _mask_cast(dev, dtype):
+            call += _part(parts, "per call: shifted slice, float32, and its 16-bit copy",
+                          bias * (f + e))
+        if train:
+            call += _part(parts, "kernel: float32 dq accumulator", n * 4)
+    elif path == "sdpa-3d-mask":
+        held = _part(parts, "held: table (1, H, T, T) in q's dtype", table * e)
+        build = 2 * table * f + (table * (f + e) if e != f else 4 * side * side)
+        parts["first call: two float32 biases, the shift and the 16-bit table"] = build
+        if dev.type == "cpu":  # a 3-D mask sends CPU SDPA to its math path: scores built
+            call += _part(parts, "CPU math path: scores, weights",
+                          (4 if train else 3) * scores * f)
+        else:
+            call += _part(parts, "kernel: log-sum-exp", lse)
+            if train:
+                call += _part(parts, "kernel: float32 dq accumulator", n * 4)
+    elif path == "naive":
+        upcast = n * f if e != f else 0
+        weights = (2 * scores + (bias if has_bias else 0)) * f
+        if has_bias:  # building the bias: the scores, the bias and its +0.0 copy
+            weights = max(weights, (scores + 2 * bias) * f + 4 * L * L)
+        call += _part(parts, "scores, masked scores / weights" + (", bias" if has_bias else ""),
+                      weights)
+        call += _part(parts, "causal mask (L, L) bool and its negation", 2 * L * L)
+        call += _part(parts, "float32 v and output", upcast + n * f)
+        if train:
+            call += _part(parts, "autograd: float32 q, k kept", 2 * upcast)
+            back = 3 * scores * f - weights
+            if back > 0:
+                call += _part(parts, "backward: weights and two gradients of their size", back)
+    elif path == "article":
+        side_a = max(2048, L)
+        held = _part(parts, "held: buffer (H, M, M) float32", h * side_a * side_a * 4)
+        build = held + side_a * side_a * 4
+        parts["first call: buffer and the (M, M) distances"] = build
+        call += _part(parts, "scores, masked scores / weights", 2 * scores * 4)
+        call += _part(parts, "causal mask: float32 tril and its bool", 5 * L * L)
+        call += _part(parts, "float32 v and output", 2 * n * 4)
+        if train:
+            call += _part(parts, "autograd: float32 q, k kept", 2 * n * 4)
+            call += _part(parts, "backward: weights and two gradients of their size", scores * 4)
+    else:
+        raise ValueError(f"no footprint for backend {backend!r}")
+    return Footprint(held=held, call=call, build=build, inputs=(4 if train else 3) * n * e,
+                     parts=parts)
+
+
+def _release(*encodings: Any, lazies: Sequence[_Lazy] = ()) -> Callable[[], None]:
+    """Free what a case holds: the backends' tables of its encodings, its lazy values."""
+    from tutorial_pkg import backends
+
+    def release() -> None:
+        for lazy in lazies:
+            lazy.release()
+        for enc in encodings:
+            backends.clear_caches(enc)
+
+    return release
+
+
 def attention_suite(args: argparse.Namespace) -> Iterator[SuiteEntry]:
     """Attention alone, per length and pass: every encoding x backend next to the limit.
 
@@ -166,11 +442,16 @@ def attention_suite(args: argparse.Namespace) -> Iterator[SuiteEntry]:
     ``alibi/sdpa-3d-mask`` (the bias passed as a 3-D ``(H, L, L)`` mask, which
     CPU SDPA silently runs on its slow math path). ``auto`` is listed only for
     encodings with a bias (otherwise it is the ``sdpa`` path). ``flex`` has no CPU
-    backward in torch 2.13: that case is recorded as an error, not measured.
+    backward in torch 2.13: that case is recorded as skipped, not measured.
 
     ``fwd`` runs under ``torch.no_grad()`` (inference); ``fwd+bwd`` returns the
     gradients of q, k, v. Every case of an encoding gets its own encoding object,
-    so each record's ``held_bytes`` is that path's own cache.
+    moved to the device with its layer, so each record's ``held_bytes`` is that
+    path's own cache. What a case holds (the backends' tables of its encoding, the
+    articles' buffer, the 3-D mask) is built by its first call and freed by its
+    :attr:`~tutorial_pkg.benchmark.Case.release` once it is measured, and each case
+    carries its :func:`attention_footprint`, so that :func:`~tutorial_pkg.benchmark.compare`
+    skips, with the reason, what would not fit in the device's memory.
 
     Args:
         args: Parsed arguments (``device``, ``dtype``, ``lengths``, ``passes``,
@@ -187,6 +468,7 @@ def attention_suite(args: argparse.Namespace) -> Iterator[SuiteEntry]:
     device = torch.device(args.device)
     dtype = _suite_dtype(args)
     batch, heads, head_dim = args.batch, args.heads, args.head_dim
+    key_row = _key_row_here(device, dtype)
     for seq_len in args.lengths:
         for pass_ in args.passes:
             train = pass_ == "fwd+bwd"
@@ -198,9 +480,12 @@ def attention_suite(args: argparse.Namespace) -> Iterator[SuiteEntry]:
                 for _ in range(3)
             )
             grad_out = torch.randn(shape, generator=gen).to(device, dtype) if train else None
+            sizes = {"batch": batch, "heads": heads, "seq_len": seq_len, "head_dim": head_dim,
+                     "dtype": dtype, "train": train, "device": device, "key_row": key_row}
             cases: dict[str, Case] = {
                 ATTENTION_LIMIT: Case(_make_call(_sdpa_causal, (q, k, v), pass_, grad_out),
-                                      {"encoding": "none", "backend": "sdpa"}),
+                                      {"encoding": "none", "backend": "sdpa"},
+                                      footprint=attention_footprint("none", "sdpa", **sizes)),
             }
             for enc_name in args.encodings:
                 for backend in args.backends:
@@ -209,40 +494,55 @@ def attention_suite(args: argparse.Namespace) -> Iterator[SuiteEntry]:
                     if backend == "auto" and enc.key_bias(torch.arange(1)) is None:
                         continue  # auto is exactly the sdpa path here
                     layer = MultiHeadAttention(heads * head_dim, heads, enc, backend=backend)
-                    layer = layer.to(device)
+                    layer = layer.to(device)  # the encoding too: its tables are built there
+                    skip = None
                     if backend == "flex" and train and device.type == "cpu":
-                        fn = _unsupported("FlexAttention has no CPU backward in this torch")
-                    else:
-                        fn = _make_call(layer.attend, (q, k, v), pass_, grad_out)
+                        skip = "FlexAttention has no CPU backward in this torch"
                     cases[f"{enc_name}/{backend}"] = Case(
-                        fn, {"encoding": enc_name, "backend": backend},
-                        held=lambda enc=enc: _held_bytes(enc),
+                        _make_call(layer.attend, (q, k, v), pass_, grad_out),
+                        {"encoding": enc_name, "backend": backend},
+                        held=lambda enc=layer.encoding: _held_bytes(enc),
+                        release=_release(layer.encoding),
+                        footprint=attention_footprint(enc_name, backend, **sizes),
+                        skip=skip,
                     )
                 if enc_name == "alibi":
-                    article = ArticlesALiBiAttention(heads, max(2048, seq_len), device=device)
-                    cases["alibi/article"] = Case(
-                        _make_call(article, (q, k, v), pass_, grad_out),
-                        {"encoding": "alibi", "backend": "article"},
-                        held=lambda article=article: _held_bytes(article),
-                    )
-                    enc3 = make_encoding("alibi", n_heads=heads)
-                    bias3 = backends.cached_bias(enc3, 0, seq_len, seq_len, causal=True,
-                                                 device=device, dtype=dtype)[0]  # 3-D mask
+                    article = _Lazy(lambda seq_len=seq_len: ArticlesALiBiAttention(
+                        heads, max(2048, seq_len), device=device))
 
-                    def sdpa_3d(q_, k_, v_, bias3=bias3):
+                    def article_call(q_, k_, v_, article=article):
+                        return article.get()(q_, k_, v_)
+
+                    cases["alibi/article"] = Case(
+                        _make_call(article_call, (q, k, v), pass_, grad_out),
+                        {"encoding": "alibi", "backend": "article"},
+                        held=lambda article=article: _held_bytes(article.value),
+                        release=_release(lazies=[article]),
+                        footprint=attention_footprint("alibi", "article", **sizes),
+                    )
+                    enc3 = make_encoding("alibi", n_heads=heads).to(device)
+                    mask3 = _Lazy(lambda enc3=enc3, seq_len=seq_len: backends.cached_bias(
+                        enc3, 0, seq_len, seq_len, causal=True, device=device,
+                        dtype=dtype)[0])  # the (1, H, L, L) table's 3-D view
+
+                    def sdpa_3d(q_, k_, v_, mask3=mask3):
                         return torch.nn.functional.scaled_dot_product_attention(
-                            q_, k_, v_, attn_mask=bias3)
+                            q_, k_, v_, attn_mask=mask3.get())
 
                     cases["alibi/sdpa-3d-mask"] = Case(
                         _make_call(sdpa_3d, (q, k, v), pass_, grad_out),
                         {"encoding": "alibi", "backend": "sdpa-3d-mask"},
                         held=lambda enc3=enc3: _held_bytes(enc3),
+                        release=_release(enc3, lazies=[mask3]),
+                        footprint=attention_footprint("alibi", "sdpa-3d-mask", **sizes),
                     )
             params = {
                 "op": "attention", "seq_len": seq_len, "batch": batch, "heads": heads,
                 "head_dim": head_dim, "dtype": args.dtype, "pass": pass_,
             }
             yield SuiteEntry(f"attn L={seq_len} {pass_}", cases, ATTENTION_LIMIT, params)
+            # nothing of this group outlives its measurement in this generator's frame
+            del q, k, v, grad_out, cases
 
 
 def rope_suite(args: argparse.Namespace) -> Iterator[SuiteEntry]:
@@ -255,8 +555,10 @@ def rope_suite(args: argparse.Namespace) -> Iterator[SuiteEntry]:
     its compile time is the record's ``first_call_ms``), ``rotate_half`` (Hugging Face's
     ``x * cos + rotate_half(x) * sin``) and ``complex`` (Meta's
     ``view_as_complex`` form, interleaved layout; float32 arithmetic). Shape
-    ``args.rope_shape`` = (batch, heads, length, head_dim); dtypes float32 and
-    bfloat16 (float16 too on CUDA). Inference (no autograd).
+    ``args.rope_shape`` = (batch, heads, length, head_dim); the dtypes of the device's
+    :class:`DevicePlan` (float32 and bfloat16 on a CPU; float16 too on a GPU, where
+    ``rotate fused`` in bfloat16 is skipped below compute capability 8.0). Inference
+    (no autograd).
 
     Every call allocates its outputs, as a model would. With glibc's default
     settings a freed block of 32 MiB or less may go back to the OS, and then every
@@ -266,12 +568,37 @@ def rope_suite(args: argparse.Namespace) -> Iterator[SuiteEntry]:
     ``--default-malloc`` to skip) and records its choice in the results file.
     """
     device = torch.device(args.device)
-    dtypes = ["float32", "bfloat16"] + (["float16"] if device.type == "cuda" else [])
-    for dtype_name in dtypes:
-        yield _rope_entry(device, tuple(args.rope_shape), dtype_name)
+    plan = _plan(args)
+    for dtype_name in plan.rope_dtypes:
+        yield _rope_entry(device, tuple(args.rope_shape), dtype_name, plan)
 
 
-def _rope_entry(device: torch.device, shape: tuple[int, ...], dtype_name: str) -> SuiteEntry:
+def _plan(args: argparse.Namespace) -> DevicePlan:
+    plan = getattr(args, "plan", None)
+    return plan if plan is not None else device_plan(args.device)
+
+
+def rope_footprint(shape: Sequence[int], dtype: torch.dtype) -> Footprint:
+    """The memory of one RoPE case of :func:`rope_suite`, from its shape (an upper bound).
+
+    ``Q = b h s d`` elements each for q and k (the inputs, ``2 Q e``); a call writes
+    two outputs (``2 Q e``) and, for one of them at a time, at most three float32
+    temporaries of its size (the readable and Hugging Face forms: the products and the
+    rotated half; the complex form: the float32 copy and the complex product), plus
+    the cos/sin tables in float32 and in q's dtype.
+    """
+    b, h, s, d = shape
+    e = _esize(dtype)
+    q = b * h * s * d
+    parts = {"inputs: q, k": 2 * q * e, "outputs": 2 * q * e,
+             "temporaries (three float32 of q's size)": 3 * q * 4,
+             "cos, sin tables": 4 * s * d * (4 + e)}
+    return Footprint(call=parts["outputs"] + parts["temporaries (three float32 of q's size)"]
+                     + parts["cos, sin tables"], inputs=parts["inputs: q, k"], parts=parts)
+
+
+def _rope_entry(device: torch.device, shape: tuple[int, ...], dtype_name: str,
+                plan: DevicePlan | None = None) -> SuiteEntry:
     from tutorial_pkg.rope import (
         RotaryEmbedding,
         apply_rope,
@@ -280,6 +607,7 @@ def _rope_entry(device: torch.device, shape: tuple[int, ...], dtype_name: str) -
     )
     from tutorial_pkg.rope import rotate_half as hf_rotate_half
 
+    plan = plan if plan is not None else device_plan(device)
     b, h, s, d = shape
     dtype = getattr(torch, dtype_name)
     gen = torch.Generator().manual_seed(s)
@@ -290,6 +618,12 @@ def _rope_entry(device: torch.device, shape: tuple[int, ...], dtype_name: str) -
     cos_full = torch.cat((cos, cos), -1).to(dtype)
     sin_full = torch.cat((sin, sin), -1).to(dtype)
     freqs = precompute_freqs_cis(d, s).to(device)
+    footprint = rope_footprint(shape, dtype)
+    fused_skip = None
+    if dtype == torch.bfloat16 and not plan.fused_bf16:
+        fused_skip = ("no bfloat16 fused RoPE below compute capability 8.0 (Triton has no "
+                      "bfloat16 there); this device: "
+                      + _sm(plan.capability))
 
     def run(fn: Callable[[torch.Tensor], torch.Tensor]) -> Callable[[], Any]:
         def call() -> Any:
@@ -304,16 +638,42 @@ def _rope_entry(device: torch.device, shape: tuple[int, ...], dtype_name: str) -
         return call
 
     cases = {
-        ROPE_LIMIT: Case(run(torch.clone), {"impl": "clone"}),
-        "apply_rope": Case(run(lambda x: apply_rope(x, cos, sin)), {"impl": "reference"}),
-        "rotate": Case(run_pair(eager), {"impl": "eager"}),
-        "rotate fused": Case(run_pair(fused), {"impl": "compiled"}),
+        ROPE_LIMIT: Case(run(torch.clone), {"impl": "clone"}, footprint=footprint),
+        "apply_rope": Case(run(lambda x: apply_rope(x, cos, sin)), {"impl": "reference"},
+                           footprint=footprint),
+        "rotate": Case(run_pair(eager), {"impl": "eager"}, footprint=footprint),
+        "rotate fused": Case(run_pair(fused), {"impl": "compiled"}, footprint=footprint,
+                             skip=fused_skip),
         "rotate_half": Case(run(lambda x: x * cos_full + hf_rotate_half(x) * sin_full),
-                            {"impl": "hugging face"}),
-        "complex": Case(run(lambda x: apply_rope_complex(x, freqs)), {"impl": "meta"}),
+                            {"impl": "hugging face"}, footprint=footprint),
+        "complex": Case(run(lambda x: apply_rope_complex(x, freqs)), {"impl": "meta"},
+                        footprint=footprint),
     }
     params = {"op": "rope", "shape": [b, h, s, d], "dtype": dtype_name, "pass": "fwd"}
     return SuiteEntry(f"rope {dtype_name}", cases, ROPE_LIMIT, params)
+
+
+def lm_footprint(model: torch.nn.Module, batch: int, length: int, *, d_model: int,
+                 layers: int, heads: int, vocab: int = 256) -> Footprint:
+    """The memory of one training step of :func:`lm_suite`, from the model's shapes.
+
+    ``P`` bytes of parameters (inputs: the models exist before the group runs); held
+    after the first step: AdamW's two moments (``2 P``); a step: the gradients (``P``)
+    and, an upper bound, per layer 24 float32 tensors of the activations' size
+    ``batch x length x d_model`` (norms, q, k, v, the attention output, the MLP's
+    hidden layer of 4 d_model twice, their gradients) and three of the scores'
+    ``batch x heads x length^2``, the logits ``batch x length x 256`` three times
+    (logits, softmax, gradient), and the bias table a ``sdpa`` layer caches.
+    """
+    params = sum(p.numel() * p.element_size() for p in model.parameters())
+    acts = layers * (24 * batch * length * d_model + 3 * batch * heads * length**2) * 4
+    logits = 3 * batch * length * vocab * 4
+    table = heads * _table_side(length) ** 2 * 4
+    parts = {"inputs: parameters": params, "held: AdamW moments": 2 * params,
+             "gradients": params, "activations (upper bound)": acts, "logits": logits,
+             "bias table (sdpa)": table}
+    return Footprint(held=2 * params, call=params + acts + logits + table, inputs=params,
+                     parts=parts)
 
 
 def lm_suite(args: argparse.Namespace) -> Iterator[SuiteEntry]:
@@ -350,7 +710,9 @@ def lm_suite(args: argparse.Namespace) -> Iterator[SuiteEntry]:
 
         label = name if backend == "auto" else f"{name} ({backend} backend)"
         cases[label] = Case(step, {"encoding": name, "backend": backend},
-                            held=lambda model=model: _held_bytes(model.encoding))
+                            held=lambda model=model: _held_bytes(model.encoding),
+                            footprint=lm_footprint(model, batch, length, d_model=96,
+                                                   layers=3, heads=4))
     params = {"op": "lm train step", "batch": batch, "seq_len": length, "d_model": 96,
               "layers": 3, "heads": 4, "pass": "fwd+bwd+adamw"}
     yield SuiteEntry(f"lm step L={length}", cases, "nope", params)
@@ -406,7 +768,14 @@ def build_parser() -> argparse.ArgumentParser:
                    help="sequence lengths (default depends on --device and --quick)")
     p.add_argument("--passes", nargs="+", choices=["fwd", "fwd+bwd"], default=None)
     p.add_argument("--dtype", choices=["float32", "float16", "bfloat16"], default=None,
-                   help="default: float16 on cuda, float32 on cpu")
+                   help="default: float16 on cuda, float32 on cpu (bfloat16 needs compute "
+                   "capability 8.0 on cuda)")
+    p.add_argument("--memory-limit", type=float, default=None, metavar="GIB",
+                   help="device memory the run may use, in GiB: cases whose expected "
+                   "footprint does not fit are skipped and recorded with the reason; on "
+                   "cuda it also caps PyTorch's allocator there (rehearse a 16 GB T4 on a "
+                   "larger GPU with --memory-limit 14.5); default: the GPU's free memory, "
+                   "no check on cpu")
     p.add_argument("--batch", type=int, default=1)
     p.add_argument("--heads", type=int, default=8)
     p.add_argument("--head-dim", type=int, default=64)
@@ -441,13 +810,18 @@ def _finish_args(args: argparse.Namespace) -> argparse.Namespace:
     """Fill the defaults that depend on --device and --quick."""
     args.device = str(bm._resolve_device(args.device))
     kind = torch.device(args.device).type
+    args.plan = device_plan(args.device)
     preset = _QUICK if args.quick else _FULL
     if args.lengths is None:
         args.lengths = list(preset.get("lengths", _FULL_LENGTHS[kind]))
     if args.passes is None:
         args.passes = list(preset["passes"])
     if args.dtype is None:
-        args.dtype = "float16" if kind == "cuda" else "float32"
+        args.dtype = args.plan.dtype
+    if args.dtype == "bfloat16" and kind == "cuda" and not args.plan.bf16:
+        raise ValueError(f"--dtype bfloat16: {args.plan.notes[0]}; use float16")
+    if getattr(args, "memory_limit", None) is not None and args.memory_limit <= 0:
+        raise ValueError(f"--memory-limit must be > 0 GiB, got {args.memory_limit}")
     for name in ("warmup", "min_runs", "max_time", "rounds", "backends", "rope_shape",
                  "lm_batch", "lm_len"):
         if getattr(args, name, None) is None:
@@ -457,6 +831,15 @@ def _finish_args(args: argparse.Namespace) -> argparse.Namespace:
     if getattr(args, "parts", None) is None:
         args.parts = list(SUITE_PARTS)
     return args
+
+
+def _cap_allocator(device: str, limit: int) -> None:
+    """On CUDA, make PyTorch's allocator refuse more than ``limit`` bytes (a smaller GPU)."""
+    dev = torch.device(device)
+    if dev.type != "cuda":
+        return
+    total = torch.cuda.get_device_properties(dev).total_memory
+    torch.cuda.set_per_process_memory_fraction(min(1.0, limit / total), dev)
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
@@ -494,8 +877,16 @@ def run(argv: Sequence[str] | None = None, *, suite: SuiteFn | None = None
         torch.set_num_threads(args.threads)  # the CLI is the caller: its choice to make
 
     kept = False if args.default_malloc else bm.keep_freed_memory()
+    memory_limit = None
+    if args.memory_limit is not None:
+        memory_limit = int(args.memory_limit * 2**30)
+        _cap_allocator(args.device, memory_limit)
     hardware = bm.hardware_info(args.device)
     hardware["malloc"] = "glibc keeps freed blocks (mmap threshold 32 MiB)" if kept else "default"
+    hardware["memory_limit_gib"] = args.memory_limit
+    hardware["plan"] = {"dtype": args.dtype, "rope_dtypes": list(args.plan.rope_dtypes),
+                        "bf16": args.plan.bf16, "fused_bf16": args.plan.fused_bf16,
+                        "notes": list(args.plan.notes)}
     print(f"{hardware['device_name']} ({hardware['device']}), torch {hardware['torch']}, "
           f"{hardware['num_threads']} threads, load average {hardware['loadavg']}", flush=True)
     entries = suite(args)
@@ -508,7 +899,7 @@ def run(argv: Sequence[str] | None = None, *, suite: SuiteFn | None = None
                 cases, reference, device=args.device, group=group, params=params,
                 warmup=args.warmup, min_runs=args.min_runs, max_time_s=args.max_time,
                 rounds=args.rounds, measure_memory=not args.no_memory,
-                on_case_done=lambda _name: bar.update(1),
+                memory_limit=memory_limit, on_case_done=lambda _name: bar.update(1),
             )
             records.extend(group_records)
             # one table per group as soon as it is measured (long runs show progress)
@@ -540,7 +931,7 @@ class Target:
 
 def _find(records: dict, group: str, case: str):
     rec = records.get((group, case))
-    return None if rec is None or rec.error else rec
+    return None if rec is None or not rec.ok else rec
 
 
 def _ratio(group: str, case: str, **sizes) -> Callable[[dict], float | None]:
@@ -617,7 +1008,7 @@ def _lm_ratio(enc: str) -> Callable[[dict], float | None]:
     def get(records: dict) -> float | None:
         for (group, case), rec in records.items():
             sizes = (rec.params.get("batch"), rec.params.get("seq_len"))
-            if group.startswith("lm step") and case == enc and not rec.error and sizes == (32, 64):
+            if group.startswith("lm step") and case == enc and rec.ok and sizes == (32, 64):
                 return rec.ratio
         return None  # not measured, or at other sizes than chapter 7's (batch 32, L = 64)
 

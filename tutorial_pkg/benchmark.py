@@ -11,8 +11,10 @@ work, and one sample of a noisy quantity. This module does it properly:
   ``torch.utils.benchmark`` ``Measurement``.
 * :func:`peak_memory` -- the extra bytes a call needs at its peak.
 * :func:`compare` -- several cases measured side by side, in interleaved rounds,
-  each related to a named reference (:class:`Case` adds parameters and the bytes
-  a case holds between calls).
+  each related to a named reference (:class:`Case` adds parameters, the bytes a
+  case holds between calls, what to free once it is measured, and its expected
+  :class:`Footprint`: a case that would not fit in the device's free memory is
+  skipped and recorded with the reason, :func:`available_memory`).
 * :class:`BenchRecord`, :func:`save_results`, :func:`load_results`,
   :func:`hardware_info` -- results files that say where they were measured;
   :func:`format_table` and the generic :func:`text_table` print them.
@@ -56,12 +58,17 @@ __all__ = [
     "ATTENTION_LIMIT",
     "ROPE_LIMIT",
     "SCHEMA_VERSION",
+    "MEMORY_HEADROOM",
+    "MEMORY_RESERVE_BYTES",
     "BenchRecord",
     "Case",
+    "Footprint",
     "MemoryStat",
     "Results",
     "Timing",
+    "available_memory",
     "compare",
+    "fit_problem",
     "format_table",
     "hardware_info",
     "keep_freed_memory",
@@ -80,6 +87,15 @@ SCHEMA_VERSION = 1
 ATTENTION_LIMIT = "limit: sdpa causal"
 #: Name of the RoPE groups' reference case, a copy of q and k (one read, one write).
 ROPE_LIMIT = "limit: clone q,k"
+
+#: Headroom of the memory check (:func:`fit_problem`): a case runs only if its expected
+#: footprint times ``1 + MEMORY_HEADROOM``, plus :data:`MEMORY_RESERVE_BYTES`, fits in the
+#: memory available. The 20 % cover what a footprint computed from shapes leaves out: the
+#: caching allocator's rounding (blocks of 2 MiB and up) and fragmentation, kernels' own
+#: workspaces (cuBLAS, the attention kernels' log-sum-exp and accumulators).
+MEMORY_HEADROOM = 0.20
+#: Fixed part of the headroom: CUDA context growth, cuBLAS/cuDNN handles, compiled kernels.
+MEMORY_RESERVE_BYTES = 256 * 2**20
 
 # Bigger than the L2 cache of current GPUs (H100/H200: 50 MB), so zeroing it
 # evicts whatever the previous run left in L2 (same size as Triton's do_bench).
@@ -544,6 +560,113 @@ def _peak_memory_cpu(fn: Callable[[], Any]) -> MemoryStat:
 
 
 # --------------------------------------------------------------------------- #
+# Expected footprint, and the memory check
+# --------------------------------------------------------------------------- #
+@dataclass(frozen=True)
+class Footprint:
+    """The device memory a case is expected to need, in bytes, computed from its shapes.
+
+    Three phases, each counted on top of what is allocated when the case starts (the
+    group's inputs, which exist before any case runs and are listed apart):
+
+    * ``held``: what the case keeps between calls (a cached bias table, a buffer);
+    * ``call``: the extra at the peak of one call beyond ``held`` (the output, the
+      temporaries, the attention weights a naive kernel materialises, the tensors
+      autograd saves and the gradients, for a training case);
+    * ``build``: the peak of the first call, which also builds what is held
+      (building a table may need more than keeping it: the float32 intermediates
+      of a half-precision table).
+
+    Attributes:
+        held: Bytes kept between calls.
+        call: Extra bytes at the peak of a call, on top of ``held``.
+        build: Peak bytes of the first call (building included), ``held`` included.
+        inputs: Bytes of the group's inputs (allocated already; not in :attr:`need`).
+        parts: The named terms the numbers are made of (for the reader and the record).
+    """
+
+    held: int = 0
+    call: int = 0
+    build: int = 0
+    inputs: int = 0
+    parts: Mapping[str, int] = field(default_factory=dict)
+
+    @property
+    def need(self) -> int:
+        """Bytes the case needs beyond what exists when it starts: the larger phase."""
+        return max(self.held + self.call, self.build)
+
+    @property
+    def total(self) -> int:
+        """:attr:`need` plus the group's inputs."""
+        return self.need + self.inputs
+
+
+def available_memory(
+    device: str | torch.device | None = None, limit: int | None = None
+) -> int | None:
+    """Bytes a case may still allocate on ``device``, or ``None`` if nothing says.
+
+    **CUDA.** The driver's free memory (``torch.cuda.mem_get_info``) plus the blocks
+    PyTorch's caching allocator holds but does not use (``memory_reserved -
+    memory_allocated``: it hands them out again first), capped by the per-process
+    memory fraction (``torch.cuda.set_per_process_memory_fraction``) and by
+    ``limit``, both of which count from what is allocated now.
+
+    **CPU.** ``limit`` as given (a configured budget), else ``None``: no check.
+
+    Args:
+        device: As in :func:`time_fn`.
+        limit: Bytes the process may use on the device in all (e.g. a smaller GPU's
+            memory, rehearsed on a larger one); ``None``: no limit of our own.
+
+    Returns:
+        The bytes, or ``None`` (CPU without a limit).
+    """
+    dev = _resolve_device(device)
+    if dev.type != "cuda":
+        return None if limit is None else int(limit)
+    free, total = torch.cuda.mem_get_info(dev)
+    allocated = torch.cuda.memory_allocated(dev)
+    available = free + max(torch.cuda.memory_reserved(dev) - allocated, 0)
+    fraction = torch.cuda.get_per_process_memory_fraction(dev)
+    if fraction < 1.0:
+        available = min(available, int(fraction * total) - allocated)
+    if limit is not None:
+        available = min(available, int(limit) - allocated)
+    return max(int(available), 0)
+
+
+def _gib(n: float) -> str:
+    return f"{n / 2**30:.2f} GiB"
+
+
+def fit_problem(
+    footprint: Footprint,
+    available: int | None,
+    *,
+    headroom: float = MEMORY_HEADROOM,
+    reserve: int = MEMORY_RESERVE_BYTES,
+) -> str | None:
+    """Why ``footprint`` would not fit in ``available`` bytes, or ``None`` if it fits.
+
+    It fits when ``footprint.need * (1 + headroom) + reserve <= available``
+    (see :data:`MEMORY_HEADROOM`); ``available=None`` (no check) always fits.
+
+    Returns:
+        ``None``, or a one-line reason with the numbers (the record's ``error``).
+    """
+    if available is None:
+        return None
+    wanted = footprint.need * (1 + headroom) + reserve
+    if wanted <= available:
+        return None
+    return (f"needs about {_gib(footprint.need)} (held {_gib(footprint.held)}, per call "
+            f"{_gib(footprint.call)}, first call {_gib(footprint.build)}), "
+            f"{_gib(wanted)} with headroom; {_gib(available)} available")
+
+
+# --------------------------------------------------------------------------- #
 # Hardware
 # --------------------------------------------------------------------------- #
 def keep_freed_memory(threshold_bytes: int = 32 * 2**20) -> bool:
@@ -613,8 +736,9 @@ def hardware_info(device: str | torch.device | None = None) -> dict[str, Any]:
     Returns:
         A JSON-serialisable dict with ``device``, ``device_name``, ``cpu``,
         ``num_threads`` (torch intra-op threads), ``cpu_count``, ``gpu_count``,
-        ``gpu_memory_gib``, ``torch``, ``cuda`` (CUDA version torch was built
-        with, or ``None``), ``cudnn``, ``python``, ``os``, ``machine``,
+        ``gpu_memory_gib``, ``compute_capability`` (e.g. ``"7.5"``, CUDA only),
+        ``torch``, ``cuda`` (CUDA version torch was built with, or ``None``), ``cudnn``,
+        ``python``, ``os``, ``machine``,
         ``loadavg`` (1, 5 and 15-minute load averages when the OS reports them:
         on a shared machine they say how busy it was) and ``date`` (ISO 8601, UTC).
     """
@@ -630,6 +754,11 @@ def hardware_info(device: str | torch.device | None = None) -> dict[str, Any]:
         "gpu_count": torch.cuda.device_count() if cuda_ok else 0,
         "gpu_memory_gib": (
             round(torch.cuda.get_device_properties(dev).total_memory / 2**30, 1)
+            if dev.type == "cuda"
+            else None
+        ),
+        "compute_capability": (
+            ".".join(map(str, torch.cuda.get_device_capability(dev)))
             if dev.type == "cuda"
             else None
         ),
@@ -700,7 +829,14 @@ class BenchRecord:
         first_call_ms: Wall time of the case's very first call, before any
             warm-up: one-off costs such as compiling (FlexAttention, fused RoPE)
             or building a cache. Reported apart, never mixed into the median.
-        error: ``"ExceptionType: message"`` if the case raised, else ``None``.
+        error: ``"ExceptionType: message"`` if the case raised, ``"skipped: reason"``
+            if it was not run (it would not fit in memory, or the device cannot run
+            it), else ``None``. A record with an error has no timing (``median_ms``,
+            ``ratio`` are ``None``) unless only its memory measurement failed; test
+            :attr:`ok` before reading numbers.
+        skipped: True if the case was not run at all (the reason is in ``error``).
+        footprint_bytes: The case's expected :attr:`Footprint.need` (bytes beyond the
+            group's inputs), when the case declared one.
     """
 
     group: str
@@ -727,6 +863,13 @@ class BenchRecord:
     held_bytes: int | None = None
     first_call_ms: float | None = None
     error: str | None = None
+    skipped: bool = False
+    footprint_bytes: int | None = None
+
+    @property
+    def ok(self) -> bool:
+        """True if the case ran and was timed without error: its numbers can be read."""
+        return self.error is None and self.median_ms is not None
 
     @classmethod
     def from_measurements(
@@ -874,7 +1017,8 @@ def format_table(
     Parameters shared by every record are printed once above the table; each row
     shows the rest. ``ratio`` is the median over the group's reference median
     (the reference row shows ``1.00 ref``). ``held MiB`` and ``1st call ms``
-    appear when some record has them. A failed record prints its error below it.
+    appear when some record has them. A failed or skipped record prints its error
+    (the reason) below it.
 
     Args:
         records: The records, in display order.
@@ -899,7 +1043,8 @@ def format_table(
         ("group", lambda r: r.group),
         ("case", lambda r: r.case),
         ("params", lambda r: _fmt_params({k: v for k, v in r.params.items() if k not in common})),
-        ("median ms", lambda r: "error" if r.error else _fmt_ms(r.median_ms)),
+        ("median ms", lambda r: "skipped" if r.skipped else "error" if r.error
+         else _fmt_ms(r.median_ms)),
         ("IQR ms", lambda r: _fmt_ms(r.iqr_ms)),
         ("runs", lambda r: str(r.n_runs) if r.n_runs else "-"),
         ("ratio", lambda r: "-" if r.ratio is None
@@ -940,7 +1085,8 @@ class Case:
 
     A plain callable in ``cases`` is the same as ``Case(fn)``. Use this form when
     cases of one group differ by more than their name (e.g.
-    ``Case(fn, {"encoding": "rope", "backend": "flash"})``).
+    ``Case(fn, {"encoding": "rope", "backend": "flash"})``), hold memory between
+    calls, or may not fit on the device.
 
     Attributes:
         fn: Zero-argument callable to measure.
@@ -948,11 +1094,24 @@ class Case:
         held: Optional zero-argument callable returning the bytes the case keeps
             alive between calls (e.g. a cached bias), read after measuring and
             stored as :attr:`BenchRecord.held_bytes`.
+        release: Optional zero-argument callable that frees what the case holds
+            (its cached tables, its buffers). :func:`compare` calls it after each
+            round of the case (timing, and in the last round memory and ``held``),
+            so that the next case starts without it; a later round's warm-up
+            rebuilds it, untimed.
+        footprint: Optional expected :class:`Footprint`; if it would not fit in the
+            memory available when the case is due (:func:`available_memory`,
+            :func:`fit_problem`), the case is skipped and its record says why.
+        skip: Optional reason not to run the case at all on this device (e.g. a
+            kernel this GPU's compute capability lacks); recorded as skipped.
     """
 
     fn: Callable[[], Any]
     params: Mapping[str, Any] = field(default_factory=dict)
     held: Callable[[], int] | None = None
+    release: Callable[[], Any] | None = None
+    footprint: Footprint | None = None
+    skip: str | None = None
 
 
 def _error_text(exc: BaseException) -> str:
@@ -973,6 +1132,7 @@ def compare(
     rounds: int = 1,
     measure_memory: bool = True,
     catch_errors: bool = True,
+    memory_limit: int | None = None,
     on_case_done: Callable[[str], Any] | None = None,
 ) -> list[BenchRecord]:
     """Measure several callables side by side and relate each to a reference.
@@ -989,6 +1149,16 @@ def compare(
     median of the per-round ratios (each case against the reference measured in
     the same round, seconds apart), which is robust on a shared machine.
 
+    **Memory.** Cases are measured one at a time, and a case's memory (peak
+    per call, then what it holds) is measured in the last round right after its
+    timing; its :attr:`Case.release` is called after each of its rounds, so at
+    most one case's caches exist at a time (on a 16 GB GPU, the tables of every
+    case of a long-sequence group would not fit together). Before a case's first
+    call, its :attr:`Case.footprint` is checked against :func:`available_memory`
+    (with ``memory_limit``); one that would not fit is skipped, and so is a case
+    with a :attr:`Case.skip` reason: its record has ``skipped=True`` and the
+    reason in ``error``, no numbers.
+
     Args:
         cases: Case name -> zero-argument callable (or :class:`Case`).
         reference: Name of the case every ratio is relative to (the limit
@@ -1004,6 +1174,8 @@ def compare(
         catch_errors: Record a failing case (``error`` set, no numbers) and go
             on, instead of raising; an unsupported backend then does not stop
             a whole suite.
+        memory_limit: Bytes the process may use on the device, for the footprint
+            check (default: what the device has on CUDA, no check on CPU).
         on_case_done: Called with the case name after each case (progress bars).
 
     Returns:
@@ -1018,15 +1190,13 @@ def compare(
         raise ValueError("cases must hold at least one case")
     if reference not in cases:
         raise ValueError(f"reference {reference!r} is not one of the cases {list(cases)}")
-    fns: dict[str, Callable[[], Any]] = {}
+    specs: dict[str, Case] = {}
     case_params: dict[str, dict[str, Any]] = {}
-    helds: dict[str, Callable[[], int] | None] = {}
     for name, spec in cases.items():
-        fn, extra = (spec.fn, spec.params) if isinstance(spec, Case) else (spec, {})
-        _check_callable(f"cases[{name!r}]", fn)
-        fns[name] = fn
-        helds[name] = spec.held if isinstance(spec, Case) else None
-        case_params[name] = {**(params or {}), **extra}
+        spec = spec if isinstance(spec, Case) else Case(spec)
+        _check_callable(f"cases[{name!r}]", spec.fn)
+        specs[name] = spec
+        case_params[name] = {**(params or {}), **spec.params}
     dev = _resolve_device(device)
     check_positive_int("rounds", rounds)
     # Checked here, not left to time_fn: inside the loop below a bad argument
@@ -1034,57 +1204,91 @@ def compare(
     check_nonneg_int("warmup", warmup)
     check_positive_int("min_runs", min_runs)
     check_positive_float("max_time_s", max_time_s)
+    if memory_limit is not None:
+        check_positive_int("memory_limit", memory_limit)
 
     # The reference goes first in every round: if it fails, we know early.
-    order = [reference] + [n for n in fns if n != reference]
-    samples: dict[str, list[float]] = {n: [] for n in fns}
-    round_medians: dict[str, list[float | None]] = {n: [] for n in fns}
-    calls: dict[str, int] = {n: 1 for n in fns}
+    order = [reference] + [n for n in specs if n != reference]
+    samples: dict[str, list[float]] = {n: [] for n in specs}
+    round_medians: dict[str, list[float | None]] = {n: [] for n in specs}
+    calls: dict[str, int] = {n: 1 for n in specs}
     method: dict[str, str] = {}
     errors: dict[str, str] = {}
+    skipped: set[str] = set()
     first_ms: dict[str, float] = {}
+    memory: dict[str, MemoryStat] = {}
+    held: dict[str, int] = {}
     for round_ in range(rounds):
+        last = round_ == rounds - 1
         for name in order:
+            spec = specs[name]
             if name in errors:
                 round_medians[name].append(None)
                 continue
+            if round_ == 0:
+                reason = spec.skip
+                if reason is None and spec.footprint is not None:
+                    reason = fit_problem(spec.footprint, available_memory(dev, memory_limit))
+                if reason is not None:
+                    errors[name] = f"skipped: {reason}"
+                    skipped.add(name)
+                    round_medians[name].append(None)
+                    continue
+            failed = False
             try:
                 if name not in first_ms:
-                    first_ms[name] = _first_call_ms(fns[name], dev)
-                # later rounds need no full warm-up: the case ran moments ago
-                t = time_fn(fns[name], device=dev, warmup=warmup if round_ == 0 else min(warmup, 1),
-                            min_runs=min_runs, max_time_s=max_time_s)
+                    first_ms[name] = _first_call_ms(spec.fn, dev)
+                # later rounds need no full warm-up: the case ran moments ago (but
+                # what release() freed is rebuilt by one untimed call)
+                n_warm = warmup if round_ == 0 else min(warmup, 1)
+                if round_ and spec.release is not None:
+                    n_warm = max(n_warm, 1)
+                t = time_fn(spec.fn, device=dev, warmup=n_warm, min_runs=min_runs,
+                            max_time_s=max_time_s)
+                samples[name].extend(t.times_ms)
+                round_medians[name].append(t.median_ms)
+                calls[name], method[name] = t.calls_per_run, t.method
+                if last:
+                    try:
+                        if measure_memory:
+                            memory[name] = peak_memory(spec.fn, device=dev)
+                        if spec.held is not None:
+                            held[name] = int(spec.held())
+                    except Exception as exc:  # timing stands, memory failed
+                        if not catch_errors:
+                            raise
+                        errors[name], failed = _error_text(exc), True
             except Exception as exc:
                 if not catch_errors:
                     raise
-                errors[name] = _error_text(exc)
-                _after_failure(dev)
-                continue
-            samples[name].extend(t.times_ms)
-            round_medians[name].append(t.median_ms)
-            calls[name], method[name] = t.calls_per_run, t.method
+                if name not in errors:
+                    errors[name], failed = _error_text(exc), True
+            finally:
+                # (here the exception and its frames, which may hold large tensors,
+                # are gone)
+                if spec.release is not None:
+                    spec.release()
+                if failed:
+                    _after_failure(dev)
 
     records: dict[str, BenchRecord] = {}
     for name in order:
-        timing = memory = None
-        if name not in errors:
+        timed = name in method and len(round_medians[name]) == rounds and all(
+            m is not None for m in round_medians[name])
+        timing = None
+        if timed:
             timing = Timing.from_times(samples[name], device=str(dev), method=method[name],
                                        calls_per_run=calls[name])
-            if measure_memory:
-                try:
-                    memory = peak_memory(fns[name], device=dev)
-                except Exception as exc:
-                    if not catch_errors:
-                        raise
-                    errors[name] = _error_text(exc)
-                    _after_failure(dev)
         records[name] = BenchRecord.from_measurements(
             group=group, case=name, params=case_params[name], device=str(dev),
-            timing=timing, memory=memory, reference=reference, error=errors.get(name),
+            timing=timing, memory=memory.get(name), reference=reference,
+            error=errors.get(name),
         )
         records[name].first_call_ms = first_ms.get(name)
-        if helds[name] is not None and name not in errors:
-            records[name].held_bytes = int(helds[name]())
+        records[name].held_bytes = held.get(name)
+        records[name].skipped = name in skipped
+        fp = specs[name].footprint
+        records[name].footprint_bytes = None if fp is None else int(fp.need)
         if on_case_done is not None:
             on_case_done(name)
 
@@ -1099,7 +1303,7 @@ def compare(
                 rec.ratio = float(np.median(pairs)) if pairs else rec.ratio
         if rec.peak_bytes is not None and ref.peak_bytes:
             rec.peak_ratio = rec.peak_bytes / ref.peak_bytes
-    return [records[n] for n in fns]
+    return [records[n] for n in specs]
 
 
 def _first_call_ms(fn: Callable[[], Any], dev: torch.device) -> float:
@@ -1117,6 +1321,7 @@ def _after_failure(dev: torch.device) -> None:
     # After a CUDA out-of-memory error the cache holds the failed case's
     # blocks; release them so the next case starts from the same state.
     if dev.type == "cuda":
+        _collect_garbage()
         try:
             torch.cuda.synchronize(dev)
             torch.cuda.empty_cache()
