@@ -441,18 +441,19 @@ class Hybrid(PositionEncoding):
 
     def effective_slopes(self) -> torch.Tensor:
         """Slopes actually applied: ``m_h * s_h`` (times ``1 - alpha`` for ``mix='alpha'``)."""
-        return self._slopes_on(self.alibi.slopes.device)
-
-    def _slopes_on(self, device) -> torch.Tensor:
-        # the fixed slopes are constants, moved to the call's device; the learned scale
-        # must live there (check_learned_device)
-        slopes = self.alibi.slopes.to(device)
+        slopes = self.alibi.slopes
         if self.learnable_scale:
-            check_learned_device(self, device)
             slopes = slopes * self.log_scale.exp()
         if self.mix == "alpha":
             slopes = slopes * (1.0 - self.alpha)
         return slopes
+
+    def _slopes_on(self, device) -> torch.Tensor:
+        # fixed slopes are constants, moved to the call's device (H floats); a learned
+        # scale must live there (check_learned_device): a copy would not be trained
+        if self.learnable_scale:
+            check_learned_device(self, device)
+        return self.effective_slopes().to(device)
 
     def rotate(self, q, k, q_pos, k_pos):
         q, k = self.rotary.rotate(q, k, q_pos, k_pos)
