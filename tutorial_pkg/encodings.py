@@ -293,7 +293,8 @@ class Rotary(PositionEncoding):
 
     def rotate(self, q, k, q_pos, k_pos):
         # attention checked the positions; their values are read back again only to
-        # enforce an optional max_position. q_pos is k_pos: cos/sin built once
+        # enforce an optional max_position (a synchronisation per call on a GPU, the
+        # price of that opt-in limit). q_pos is k_pos: cos/sin built once
         return self.rope(q, k, q_pos, k_pos,
                          check_positions=self.rope.max_position is not None)
 

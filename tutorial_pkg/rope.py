@@ -678,6 +678,8 @@ class RotaryEmbedding(nn.Module):
 
         Either ``positions`` (integer tensor ``(s,)``) or ``start`` and ``length``
         (positions ``start..start+length-1``, served as a slice of the cache).
+        Explicit positions are read back to size the cache: on a GPU that is a
+        synchronisation (:meth:`rotate` and attention never need it).
         """
         rows = self._rows(positions, start, length)
         return self.cos_cached[rows], self.sin_cached[rows]

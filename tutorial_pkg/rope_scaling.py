@@ -194,7 +194,7 @@ def yarn_scaling(
 
 
 def _factor_list(name: str, values, n: int, device) -> torch.Tensor:
-    if isinstance(values, torch.Tensor):
+    if isinstance(values, torch.Tensor):  # a configuration, read once when the rule is built
         values = values.tolist()
     if not isinstance(values, Sequence) or isinstance(values, str):
         raise TypeError(f"{name} must be a list of {n} numbers (one per pair), "
