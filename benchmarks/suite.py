@@ -13,10 +13,14 @@ pass (:func:`attention_suite`), RoPE applied to q and k (:func:`rope_suite`) and
 training step of the tiny LM (:func:`lm_suite`), every case next to its limit reference
 with :func:`tutorial_pkg.benchmark.compare`. The command line prints one table per group,
 writes the JSON results file (``--out``), reads it back and prints one line per
-performance target with the ratio it reached. Each ratio compares two cases measured
-side by side in the same run (interleaved rounds, medians), never numbers from different
-runs. The exit status is 0 whatever the targets say: timings are evidence to read, not a
-test. ``--suite module:function`` runs any other suite with the same signature.
+performance target with the ratio it reached. Every case carries its expected memory
+(:func:`attention_footprint`, :func:`rope_footprint`, :func:`lm_footprint`) and frees what it
+holds once measured, so that a group's cases never hold their tables together and a case that
+would not fit the GPU (or ``--memory-limit``) is skipped with the reason; dtypes and
+compilation follow the GPU's compute capability (:func:`device_plan`). Each ratio compares
+two cases measured side by side in the same run (interleaved rounds, medians), never numbers
+from different runs. The exit status is 0 whatever the targets say: timings are evidence to
+read, not a test. ``--suite module:function`` runs any other suite with the same signature.
 
 The measuring library is the package's :mod:`tutorial_pkg.benchmark`; this folder holds
 what uses it and what no model should import (the articles' code, ``articles.py``).
@@ -300,8 +304,9 @@ def attention_footprint(
       (first call: ``2 H T^2 f`` plus the ``T^2`` distances); on a GPU each call then
       shifts the ``(1, H, L, L)`` slice (``B f``) and rounds it to q's dtype (``B e``);
       ``auto`` with its key row holds ``H T f``; ``sdpa-3d-mask`` holds the table in
-      q's dtype, ``H T^2 e`` (built through two float32 tables and the shift); the
-      articles' code a float32 buffer of side ``max(2048, L)``;
+      q's dtype, ``H T^2 e`` (built through the float32 table, its shifted copy and the
+      16-bit one, ``H T^2 (2 f + e)`` at once); the articles' code a float32 buffer of
+      side ``M = max(2048, L)``, built from ``M^2`` float32 distances;
     * **attention weights**, for the naive backend and the articles' code: the
       ``S``-sized float32 scores, their masked copy and the softmax, of which two are
       alive at once, next to the bias ``B f`` (three at once while the bias is built);
@@ -374,8 +379,10 @@ def attention_footprint(
             call += _part(parts, "kernel: float32 dq accumulator", n * 4)
     elif path == "sdpa-3d-mask":
         held = _part(parts, "held: table (1, H, T, T) in q's dtype", table * e)
-        build = 2 * table * f + (table * (f + e) if e != f else 4 * side * side)
-        parts["first call: two float32 biases, the shift and the 16-bit table"] = build
+        build = 2 * table * f + 4 * side * side  # the float32 bias and its masked copy
+        if e != f:  # then the masked copy, its shifted copy and the 16-bit table
+            build = max(build, table * (2 * f + e))
+        parts["first call: float32 biases, the shift and the 16-bit table"] = build
         if dev.type == "cpu":  # a 3-D mask sends CPU SDPA to its math path: scores built
             call += _part(parts, "CPU math path: scores, weights",
                           (4 if train else 3) * scores * f)

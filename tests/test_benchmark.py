@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import subprocess
 import sys
@@ -351,6 +352,230 @@ def test_compare_rejects_bad_arguments():
         bm.compare({"a": boom}, "a", device="cpu", catch_errors=False, warmup=0)
 
 
+def test_compare_measures_one_case_at_a_time_and_releases_each():
+    """held is read before release; release follows every round of a case, so when the next
+    case runs, the previous one holds nothing; a later round rebuilds untimed."""
+    log, state = [], {"a": None, "b": None}
+
+    def make(name):
+        def fn():
+            if state[name] is None:
+                log.append(f"build {name}")
+                state[name] = torch.ones(1000)
+            others = [n for n in state if n != name and state[n] is not None]
+            assert not others, f"{name} runs while {others} hold memory"
+
+        def release():
+            log.append(f"release {name}")
+            state[name] = None
+
+        return bm.Case(fn, held=lambda: 0 if state[name] is None else state[name].nbytes,
+                       release=release)
+
+    records = bm.compare({"a": make("a"), "b": make("b")}, "a", device="cpu", warmup=0,
+                         min_runs=2, max_time_s=0.001, rounds=2)
+    assert all(r.ok for r in records), [r.error for r in records]
+    assert all(r.held_bytes == 4000 for r in records)  # read before the release
+    assert log == ["build a", "release a", "build b", "release b"] * 2
+    assert state == {"a": None, "b": None}
+
+
+def test_compare_skips_what_would_not_fit_and_says_why():
+    called = []
+    small = bm.Footprint(held=0, call=2**20)
+    big = bm.Footprint(held=3 * 2**30, call=2 * 2**30, build=4 * 2**30, inputs=2**20)
+    cases = {
+        "ref": bm.Case(lambda: called.append("ref"), footprint=small),
+        "big": bm.Case(lambda: called.append("big"), footprint=big,
+                       release=lambda: called.append("released big")),
+        "no kernel": bm.Case(lambda: called.append("no kernel"), skip="no bf16 on sm75"),
+        "undeclared": lambda: called.append("undeclared"),
+    }
+    records = {r.case: r for r in bm.compare(cases, "ref", device="cpu", warmup=0, min_runs=2,
+                                            max_time_s=0.001, memory_limit=2 * 2**30)}
+    assert "big" not in called and "no kernel" not in called and "released big" not in called
+    assert {"ref", "undeclared"} <= set(called)
+    big_rec = records["big"]
+    assert big_rec.skipped and not big_rec.ok and big_rec.median_ms is None
+    assert big_rec.error == ("skipped: needs about 5.00 GiB (held 3.00 GiB, per call 2.00 GiB,"
+                             " first call 4.00 GiB), 6.25 GiB with headroom; 2.00 GiB available")
+    assert big_rec.footprint_bytes == 5 * 2**30 and records["ref"].footprint_bytes == 2**20
+    assert records["no kernel"].skipped and records["no kernel"].error == (
+        "skipped: no bf16 on sm75")
+    assert records["ref"].ok and records["undeclared"].ok and not records["ref"].skipped
+    table = bm.format_table(list(records.values()))
+    assert "skipped" in table and "6.25 GiB with headroom" in table
+    # the new fields go through a results file; files without them still load
+    back = bm.BenchRecord.from_dict(json.loads(json.dumps(big_rec.to_dict())))
+    assert back.skipped and back.footprint_bytes == 5 * 2**30
+    old = {k: v for k, v in big_rec.to_dict().items() if k not in ("skipped", "footprint_bytes")}
+    assert bm.BenchRecord.from_dict(old).skipped is False
+
+
+def test_fit_problem_leaves_the_stated_headroom():
+    fp = bm.Footprint(held=2**30, call=2**30)
+    need = 2 * 2**30 * (1 + bm.MEMORY_HEADROOM) + bm.MEMORY_RESERVE_BYTES  # 2.65 GiB
+    assert bm.fit_problem(fp, math.ceil(need)) is None
+    assert "2.65 GiB with headroom; 2.65 GiB available" in bm.fit_problem(fp, math.floor(need))
+    assert bm.fit_problem(fp, None) is None  # no check (a CPU without a limit)
+    assert bm.Footprint(held=1, call=2, build=10, inputs=5).need == 10
+    assert bm.Footprint(held=1, call=2, build=10, inputs=5).total == 15
+
+
+def test_available_memory_on_cpu_is_the_configured_limit_or_nothing():
+    assert bm.available_memory("cpu") is None
+    assert bm.available_memory("cpu", limit=123) == 123
+
+
+def test_available_memory_on_cuda_counts_cached_blocks_and_caps(monkeypatch):
+    """The CUDA arithmetic, with torch.cuda's answers mocked (no GPU here)."""
+    gib = 2**30
+    cuda = torch.device("cuda", 0)
+    monkeypatch.setattr(bm, "_resolve_device", lambda device: cuda)
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (10 * gib, 16 * gib))
+    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda device=None: 3 * gib)
+    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda device=None: 5 * gib)
+    fraction = {"value": 1.0}
+    monkeypatch.setattr(torch.cuda, "get_per_process_memory_fraction",
+                        lambda device=None: fraction["value"])
+    assert bm.available_memory("cuda") == 12 * gib  # free + reserved but unused
+    assert bm.available_memory("cuda", limit=8 * gib) == 5 * gib  # a limit counts allocations
+    fraction["value"] = 0.5
+    assert bm.available_memory("cuda") == 5 * gib  # 8 GiB allowed, 3 allocated
+
+
+# ------------------------------------------------------------ footprints, by hand
+GIB, MIB = 2**30, 2**20
+T4_FWD = {"batch": 1, "heads": 8, "seq_len": 8192, "head_dim": 64, "dtype": torch.float16,
+          "train": False, "device": "cuda", "key_row": False}
+
+
+def test_attention_footprint_of_the_t4_plan_by_hand():
+    """Chapter 5's GPU setting (8 heads of 64, L = 8192, float16) on a GPU's rules.
+
+    B = H L^2 = 2**29 elements; N = H L d = 2**22 elements, 8 MiB in float16."""
+    sdpa = bs.attention_footprint("alibi", "sdpa", **T4_FWD)
+    assert sdpa.held == 2 * GIB  # the (1, 8, 8192, 8192) float32 table
+    # per call: its float32 shifted slice (2 GiB) and float16 copy (1 GiB), the output
+    # (8 MiB), the log-sum-exp (8 x 8192 float32 = 256 KiB)
+    assert sdpa.call == 3 * GIB + 8 * MIB + 256 * 1024
+    assert sdpa.build == 4 * GIB + 256 * MIB  # two float32 tables and the distances
+    assert sdpa.need == sdpa.held + sdpa.call and sdpa.inputs == 24 * MIB
+    naive = bs.attention_footprint("alibi", "naive", **T4_FWD)
+    # three float32 (8, L, L) tensors while the bias is built next to the scores, plus the
+    # (L, L) float32 distances (256 MiB); the causal mask and its negation (2 x 64 MiB); the
+    # float32 v and output (2 x 16 MiB); the float16 output (8 MiB)
+    assert naive.held == 0 and naive.need == 6 * GIB + 256 * MIB + 128 * MIB + 40 * MIB
+    article = bs.attention_footprint("alibi", "article", **T4_FWD)
+    assert article.held == 2 * GIB  # its float32 buffer, side max(2048, L)
+    assert article.call == 4 * GIB + 5 * 64 * MIB + 32 * MIB + 8 * MIB
+    mask3 = bs.attention_footprint("alibi", "sdpa-3d-mask", **T4_FWD)
+    assert mask3.held == GIB and mask3.build == 5 * GIB  # float32, shifted, float16 at once
+    row = bs.attention_footprint("alibi", "auto", **{**T4_FWD, "key_row": True})
+    assert row.held == 8 * 8192 * 4 and row.need < 10 * MIB  # a row per head
+    auto = bs.attention_footprint("alibi", "auto", **T4_FWD)  # no key row: the table path
+    assert auto.need == sdpa.need
+    on_cpu = bs.attention_footprint("alibi", "sdpa", **{**T4_FWD, "device": "cpu"})
+    assert on_cpu.call == 8 * MIB + 256 * 1024  # a CPU takes the float32 mask: no copies
+    train = bs.attention_footprint("alibi", "sdpa", **{**T4_FWD, "train": True})
+    assert train.inputs == 32 * MIB and train.call == sdpa.call + 3 * 8 * MIB + 16 * MIB
+    for name, fp in (("sdpa", sdpa), ("naive", naive), ("article", article)):
+        assert sum(v for k, v in fp.parts.items() if not k.startswith(("inputs", "first"))) \
+            == fp.held + fp.call, name  # the parts are the terms
+    assert bm.fit_problem(naive, int(14.5 * GIB)) is None
+    at_16k = bs.attention_footprint("alibi", "naive", **{**T4_FWD, "seq_len": 16384})
+    assert bm.fit_problem(at_16k, int(14.5 * GIB)) is not None
+
+
+def _measured_need(case) -> int:
+    first = bm.peak_memory(case.fn, device="cpu", warmup=0).peak_bytes  # builds what it holds
+    steady = bm.peak_memory(case.fn, device="cpu", warmup=0).peak_bytes
+    held = case.held() if case.held is not None else 0
+    if case.release is not None:
+        case.release()
+    return max(first, held + steady)
+
+
+@pytest.mark.parametrize("pass_", ["fwd", "fwd+bwd"])
+@pytest.mark.parametrize(("dtype", "rules"), [("float32", "cpu"), ("float16", "cpu"),
+                                              ("float16", "gpu")])  # float32: the same rules
+def test_attention_footprints_bound_the_memory_measured_on_cpu(monkeypatch, rules, pass_,
+                                                               dtype):
+    """Every case, measured with the profiler, against its footprint: never more than the
+    estimate plus 2 MiB (CPU kernels' scratch buffers, a constant left to the 256 MiB
+    reserve), and, where the quadratic terms dominate (4 MiB and up here), not wasteful
+    either (under 1.35x the measurement). With the GPU's rules the backends cast masks to
+    q's dtype and take no key row, so the GPU-only terms are measured too."""
+    from tutorial_pkg import backends
+
+    if rules == "gpu":
+        monkeypatch.setattr(backends, "_FLOAT32_MASK_DEVICES", set())
+        monkeypatch.setattr(backends, "_key_row_ok", {
+            ("cpu", dt, gqa): False for dt in (torch.float16, torch.bfloat16)
+            for gqa in (False, True)})
+    args = _args("--dtype", dtype, "--heads", "4", "--head-dim", "16", "--lengths", "512",
+                 "--passes", pass_, "--encodings", "alibi", "--backends", "naive", "sdpa",
+                 "auto")
+    (entry,) = bs.attention_suite(args)
+    try:
+        quadratic = 0
+        for name, case in entry.cases.items():
+            need, measured = case.footprint.need, _measured_need(case)
+            assert measured <= need + 2 * 2**20, (name, measured, need)
+            if need >= 4 * 2**20:
+                quadratic += 1
+                assert need <= 1.35 * measured, (name, measured, need)
+        assert quadratic >= 4  # naive, sdpa, article, the 3-D mask (and auto without its row)
+    finally:
+        backends.clear_caches()
+
+
+def test_rope_and_lm_footprints_bound_their_memory():
+    args = _args("--parts", "rope", "lm", "--rope-shape", "2", "4", "512", "32",
+                 "--lm-batch", "4", "--lm-len", "32")
+    for entry in bs.default_suite(args):
+        for name, case in entry.cases.items():
+            if name == "rotate fused":
+                continue  # compiling: its memory is the copy's
+            measured = bm.peak_memory(case.fn, device="cpu", warmup=1).peak_bytes
+            held = case.held() if case.held is not None else 0
+            assert held + measured <= case.footprint.need, (entry.group, name)
+
+
+# ------------------------------------------------------------ the plan, by compute capability
+@pytest.mark.parametrize(("capability", "bf16"), [((7, 5), False), ((8, 0), True),
+                                                  ((9, 0), True)])
+def test_device_plan_follows_the_compute_capability(monkeypatch, capability, bf16):
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability)
+    plan = bs.device_plan("cuda")
+    assert plan.capability == capability and plan.dtype == "float16"
+    assert plan.bf16 is bf16 and plan.fused_bf16 is bf16
+    assert plan.rope_dtypes == ("float32", "float16", "bfloat16")
+    assert bool(plan.notes) is not bf16 and (bf16 or "sm75" in plan.notes[0])
+    entry = bs._rope_entry(torch.device("cpu"), (1, 2, 8, 16), "bfloat16", plan)
+    assert (entry.cases["rotate fused"].skip is None) is bf16
+    if not bf16:  # recorded as skipped, with the reason, and never called
+        (rec,) = [r for r in bm.compare(entry.cases, bm.ROPE_LIMIT, device="cpu", warmup=0,
+                                        min_runs=1, max_time_s=0.001, measure_memory=False)
+                  if r.case == "rotate fused"]
+        assert rec.skipped and "compute capability 8.0" in rec.error and "sm75" in rec.error
+    cpu = bs.device_plan("cpu")
+    assert cpu.dtype == "float32" and cpu.fused_bf16 and cpu.capability is None
+
+
+def test_the_command_line_takes_the_plan_on_cuda(monkeypatch):
+    cuda = torch.device("cuda", 0)
+    monkeypatch.setattr(bs.bm, "_resolve_device", lambda device: cuda)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (7, 5))
+    args = bs.parse_args(["--device", "cuda"])
+    assert args.dtype == "float16" and args.lengths == [1024, 2048, 4096, 8192, 16384]
+    assert args.plan.fused_bf16 is False
+    with pytest.raises(ValueError, match="bfloat16.*sm75"):
+        bs.parse_args(["--device", "cuda", "--dtype", "bfloat16"])
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
+    assert bs.parse_args(["--device", "cuda", "--dtype", "bfloat16"]).dtype == "bfloat16"
+
+
 # --------------------------------------------------------------------------- #
 # Suite and CLI
 # --------------------------------------------------------------------------- #
@@ -500,3 +725,92 @@ def test_cuda_events_and_memory():
     assert t.method == "cuda-events" and t.n_runs >= 5 and t.min_ms > 0
     m = bm.peak_memory(lambda: torch.empty(2**20, device="cuda"), device="cuda")
     assert 4 * 2**20 <= m.peak_bytes <= 4 * 2**20 + 2**20
+
+
+# --------------------------------------------------------------------------- #
+# benchmarks/gpu_check.py (the machinery; the GPU run itself needs a GPU)
+# --------------------------------------------------------------------------- #
+def _notebook(path: Path, *sources: str) -> Path:
+    import nbformat
+
+    nb = nbformat.v4.new_notebook()
+    for source in sources:
+        cell = nbformat.v4.new_code_cell(source)
+        cell.outputs = [nbformat.v4.new_output("stream", name="stdout", text="stored\n")]
+        cell.execution_count = 7
+        nb.cells.append(cell)
+    nbformat.write(nb, path)
+    return path
+
+
+def test_gpu_check_executes_a_copy_and_reports_the_first_failing_cell(tmp_path):
+    import nbformat
+
+    from benchmarks import gpu_check
+
+    book = tmp_path / "book"
+    book.mkdir()
+    (book / "data.txt").write_text("x")
+    ok = _notebook(book / "ok.ipynb", "import os\nprint(os.path.exists('data.txt'))")
+    bad = _notebook(book / "bad.ipynb", "x = 1", "raise ValueError('broken here')",
+                    "print('never')")
+    stored = bad.read_bytes()
+    out = tmp_path / "out"
+    stage = gpu_check.run_chapter(ok, out, cap=120)
+    assert stage["status"] == "ok" and stage["name"] == "ok"
+    run = nbformat.read(out / stage["notebook"], as_version=4)
+    assert run.cells[0].outputs[0]["text"] == "True\n"  # in book/, as the chapters expect
+    stage = gpu_check.run_chapter(bad, out, cap=120,
+                                  first_cell="print('inserted, e.g. by --as-t4')")
+    assert stage["status"] == "error" and stage["failed_cell"] == 1  # the stored index
+    assert stage["error"] == "ValueError: broken here"
+    run = nbformat.read(out / stage["notebook"], as_version=4)
+    assert run.cells[0].source.startswith("print('inserted")
+    assert run.cells[3].outputs == []  # never ran: no stored output passes for this run's
+    assert bad.read_bytes() == stored  # the chapter itself is only read
+
+
+def test_gpu_check_stops_a_chapter_at_its_cap(tmp_path):
+    from benchmarks import gpu_check
+
+    slow = _notebook(tmp_path / "slow.ipynb", "x = 1", "import time\ntime.sleep(120)")
+    start = time.monotonic()
+    stage = gpu_check.run_chapter(slow, tmp_path / "out", cap=15)
+    assert stage["status"] == "timeout" and stage["failed_cell"] == 1
+    assert time.monotonic() - start < 90
+
+
+def test_gpu_check_compares_footprints_with_measurements():
+    from benchmarks import gpu_check
+
+    def rec(case, estimate, held, peak, **extra):
+        return {"group": "attn L=4096 fwd", "case": case, "footprint_bytes": estimate,
+                "held_bytes": held, "peak_bytes": peak, "error": None, **extra}
+
+    rows = gpu_check.footprint_rows([
+        rec("fits", 100 * 2**20, 40 * 2**20, 50 * 2**20),
+        rec("over", 100 * 2**20, 40 * 2**20, 90 * 2**20),  # 130 MiB > 100 MiB + 20 %
+        rec("skipped", 100 * 2**20, None, None, error="skipped: ...", skipped=True),
+        rec("undeclared", None, 0, 1),
+    ])
+    assert [(r["case"], r["over"]) for r in rows] == [("fits", False), ("over", True)]
+    assert rows[0]["measured_mib"] == 90.0 and rows[0]["estimate_mib"] == 100.0
+    summary = {"hardware": {"device_name": "GPU", "compute_capability": "7.5"},
+               "budget_s": 540, "total_s": 12.0, "as_t4": True, "footprints": rows,
+               "stages": [{"name": "05_benchmarking", "status": "error", "cap_s": 210,
+                           "seconds": 3.0, "failed_cell": 12, "error": "RuntimeError: x"}]}
+    lines = gpu_check.summary_lines(summary)
+    assert "compute capability 7.5" in lines[0] and "as a T4" in lines[0]
+    assert "cell 12: RuntimeError: x" in lines[1] and lines[-1].endswith("OVER")
+    assert sum(cap for _, cap in gpu_check.CHAPTERS) > gpu_check.BUDGET_S  # hence the order
+    assert gpu_check.CHAPTERS[0][0] == "05_benchmarking"
+    assert {name for name, _ in gpu_check.CHAPTERS} == {
+        p.stem for p in (REPO_ROOT / "book").glob("[0-9][0-9]_*.ipynb")}
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message without a GPU")
+def test_gpu_check_without_a_gpu_says_so(tmp_path, capsys):
+    from benchmarks import gpu_check
+
+    assert gpu_check.main(["--out", str(tmp_path)]) == 2
+    assert "no CUDA GPU" in capsys.readouterr().err

@@ -178,3 +178,112 @@ def test_blocked_rope_is_skipped_where_it_does_not_apply():
     out = _apply_rope_fast(x, cos, rot.cos_sin(start=0, length=4096)[1], "half")
     (grad,) = torch.autograd.grad(out.sum(), x)
     assert grad.shape == x.shape
+
+
+# ----------------------------------------------------- chapter 5: failed and skipped records
+def _chapter_cells(tag: str) -> list[str]:
+    nb = nbformat.read(CHAPTER, as_version=4)
+    return [c.source for c in nb.cells if tag in c.metadata.get("tags", [])]
+
+
+def _chapter_globals() -> dict:
+    import math
+    import time
+
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import NullLocator
+
+    return {"torch": torch, "tp": tp, "bm": bm, "bs": bs, "plt": plt, "math": math,
+            "time": time, "Path": Path, "NullLocator": NullLocator}
+
+
+def _failed(rec: bm.BenchRecord, error: str) -> bm.BenchRecord:
+    """A record of the same case that raised (as a GPU out of memory would): no numbers."""
+    return bm.BenchRecord(group=rec.group, case=rec.case, params=dict(rec.params),
+                          device=rec.device, reference=rec.reference, error=error)
+
+
+def test_chapter5_live_cells_handle_failed_and_skipped_records(monkeypatch):
+    """The chapter's own cells (live suite, both figures, the memory claims) on records where
+    the memory check skipped cases and one case failed, as on a small GPU."""
+    import functools
+    import types
+
+    import matplotlib.pyplot as plt
+
+    lengths, heads, head_dim = [64, 256], 2, 16
+    args = bs.parse_args(["--device", "cpu", "--heads", str(heads), "--head-dim", str(head_dim),
+                          "--lengths", *map(str, lengths), "--passes", "fwd"])
+    naive = {e.params["seq_len"]: e.cases["alibi/naive"].footprint
+             for e in bs.attention_suite(args)}
+    # a budget that lets alibi/naive run at 64 tokens, not at 256: the real skip path
+    limit = int(bm.MEMORY_RESERVE_BYTES + (1 + bm.MEMORY_HEADROOM) * naive[256].need) - 1
+    assert bm.fit_problem(naive[64], limit) is None and bm.fit_problem(naive[256], limit)
+    small_gpu = types.ModuleType("small_gpu_benchmark")
+    small_gpu.__dict__.update(vars(bm))
+    small_gpu.compare = functools.partial(bm.compare, memory_limit=limit)
+    ns = {**_chapter_globals(), "bm": small_gpu, "device": "cpu", "DTYPE": "float32",
+          "H": heads, "D": head_dim, "LENGTHS": lengths, "BACKENDS": ["naive", "sdpa", "auto"]}
+    (live,) = _chapter_cells("live-suite")
+    exec(live.replace("min_runs=3, max_time_s=0.05", "min_runs=1, max_time_s=0.001"), ns)
+    records, rec = ns["records"], ns["rec"]
+    assert rec("alibi/naive").skipped and "needs about" in rec("alibi/naive").error
+    assert rec("alibi/naive", 64).ok and rec("alibi/article").skipped  # its 2048-side buffer
+    # and one that raised instead: the cached-table path out of memory
+    i = records.index(rec("alibi/sdpa"))
+    records[i] = _failed(records[i], "OutOfMemoryError: CUDA out of memory.")
+    cells = _chapter_cells("reads-records")
+    assert len(cells) == 3  # the time figure, the memory figure, the memory claims
+    try:
+        for source in cells:
+            exec(source, ns)  # no TypeError on a None field, no claim on a missing number
+    finally:
+        plt.close("all")
+        backends.clear_caches()
+    assert ns["row_ok"] is True and ns["claims"]["alibi/sdpa"] is not None
+
+
+def test_chapter5_recorded_cells_handle_failed_records(tmp_path, monkeypatch):
+    """The recorded-run cells: a failed record is printed with its error, a claim that needs
+    it fails with an AssertionError naming it, and a GPU file with skipped cases plots."""
+    import shutil
+
+    import matplotlib.pyplot as plt
+
+    data = CHAPTER.parent / "data"
+    (tmp_path / "data").mkdir()
+    shutil.copy(data / "benchmark_cpu.json", tmp_path / "data" / "benchmark_cpu.json")
+    hardware, records = bm.load_results(data / "benchmark_cpu.json")
+    gpu = [r if r.case != "alibi/naive" or r.params.get("seq_len") != 4096 else
+           bm.BenchRecord(group=r.group, case=r.case, params=r.params, skipped=True,
+                          error="skipped: needs about 6.41 GiB, 2.00 GiB available")
+           for r in records]
+    gpu[0] = _failed(gpu[0], "OutOfMemoryError: CUDA out of memory.")
+    bm.save_results(gpu, tmp_path / "data" / "benchmark_gpu.json",
+                    {**hardware, "device_name": "rehearsed GPU", "device": "cuda:0"})
+    monkeypatch.chdir(tmp_path)
+    (load,) = _chapter_cells("recorded-file")
+    table, claims, rope_table, rope_claims, plot = _chapter_cells("reads-recorded")
+    ns = _chapter_globals()
+    exec(load, ns)
+    try:
+        # every record as recorded: each cell runs and its claims hold
+        for source in (table, claims, rope_table, rope_claims):
+            exec(source, ns)
+        exec(plot, ns)  # the CPU run, and the GPU file with a skipped and a failed record
+        # now the recorded run with failed records where the claims read
+        broken = {("alibi/sdpa", 4096, "fwd"), ("rotate", None, None), ("rope", None, None)}
+        ns["recorded"] = [
+            _failed(r, "RuntimeError: rehearsed failure")
+            if (r.case, r.params.get("seq_len"), r.params.get("pass")) in broken
+            or (r.case, None, None) in broken and r.params.get("op") in ("rope", "lm train step")
+            else r
+            for r in ns["recorded"]]
+        exec(table, ns)  # prints the error line, no TypeError
+        with pytest.raises(AssertionError, match="rehearsed failure"):
+            exec(claims, ns)
+        exec(rope_table, ns)
+        with pytest.raises(AssertionError):
+            exec(rope_claims, ns)
+    finally:
+        plt.close("all")
