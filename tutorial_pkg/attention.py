@@ -15,6 +15,13 @@ correct for every encoding, with or without a KV cache. Key padding masks are
 :class:`torch.nn.MultiheadAttention`). A query row whose keys are all masked returns
 zeros, never NaN.
 
+Real checkpoints' layers: ``head_dim`` need not be ``d_model / n_heads`` (Qwen3, Gemma,
+Mistral-NeMo), the softmax scale need not be ``1 / sqrt(head_dim)`` (``scale``: Gemma's
+``query_pre_attn_scalar ** -0.5``, DeepSeek's ``mscale ** 2``), each projection has its
+own bias flag (Qwen2: q, k, v biases, none on the output), and ``q_norm`` / ``k_norm``
+normalise each head before RoPE (Qwen3, Gemma 3). :func:`tutorial_pkg.hf.from_hf_attention`
+builds such a layer from a Hugging Face attention module.
+
 ``window=w`` makes a layer attend within a sliding window (Mistral; Gemma's local
 layers): the query at cache slot ``i`` sees the key slots ``i - w < j <= i``, Hugging
 Face's convention (see :mod:`tutorial_pkg.backends`). Per-layer choices (NoPE layers,
@@ -41,6 +48,7 @@ from ._checks import (
     check_choice,
     check_device,
     check_float_tensor,
+    check_positive_float,
     check_positive_int,
 )
 from .backends import BACKENDS, AttentionPlan, flex_available
@@ -137,18 +145,37 @@ class MultiHeadAttention(nn.Module):
     The encoding's ``rotate`` and bias hooks are called here; its ``embed`` hook is
     called once by the model, before the first block.
 
+    ``forward(x)`` is ``out_proj(attend(q_proj(x), k_proj(x), v_proj(x)))`` with the heads
+    split and merged; :meth:`attend` normalises (``q_norm``, ``k_norm``), rotates, masks
+    and computes ``softmax(scale * q k^T + bias) v``.
+
     Args:
         d_model: model width.
-        n_heads: query heads; ``d_model`` must be divisible by it.
+        n_heads: query heads; without ``head_dim``, ``d_model`` must be divisible by it.
         encoding: a :class:`~tutorial_pkg.encodings.PositionEncoding` (default NoPE).
             Its declared ``n_heads`` and ``head_dim`` (when not None) must match.
+        head_dim: features per head (Hugging Face's and torchtune's name); default
+            ``d_model // n_heads``. The projections are ``d_model -> n_heads * head_dim``
+            (q), ``d_model -> n_kv_heads * head_dim`` (k, v) and
+            ``n_heads * head_dim -> d_model`` (out), whatever ``d_model`` is.
+        scale: the softmax scale ``c`` in ``softmax(c q k^T + bias)`` (SDPA's and
+            torchtune's name; Hugging Face's ``scaling``), a positive finite number;
+            default ``head_dim ** -0.5``. Every backend and the KV cache path use it;
+            a bias is added after it, unscaled.
         causal: mask future keys (decoder) or not (encoder).
         backend: ``"auto"`` (default), ``"naive"``, ``"sdpa"`` or ``"flex"``
             (see :mod:`tutorial_pkg.backends`).
         dropout: attention dropout probability (training only).
         n_kv_heads: key/value heads for grouped-query attention (divides ``n_heads``);
             default ``n_heads``.
-        bias: whether the projections have biases.
+        bias: whether the projections have biases (the default of the four flags below).
+        q_bias, k_bias, v_bias, o_bias: a bias on ``q_proj``, ``k_proj``, ``v_proj``,
+            ``out_proj`` (bools; each defaults to ``bias``). Qwen2: ``bias=True,
+            o_bias=False``.
+        q_norm, k_norm: optional modules applied to each query / key head
+            (``[b, heads, s, head_dim] -> same shape``, acting on the last axis) before
+            RoPE, as Qwen3's and Gemma 3's RMSNorm over ``head_dim`` (torchtune's
+            ``q_norm``/``k_norm``). Keys are cached after them. Default: none.
         compile_flex: compile FlexAttention (``False``: eager, slow, for debugging).
         window: sliding window ``w`` (a positive int): the query at cache slot ``i``
             sees key slots ``i - w < j <= i`` (``|i - j| < w`` when not causal);
@@ -168,12 +195,38 @@ class MultiHeadAttention(nn.Module):
         bias: bool = False,
         compile_flex: bool = True,
         window: int | None = None,
+        head_dim: int | None = None,
+        scale: float | None = None,
+        q_bias: bool | None = None,
+        k_bias: bool | None = None,
+        v_bias: bool | None = None,
+        o_bias: bool | None = None,
+        q_norm: nn.Module | None = None,
+        k_norm: nn.Module | None = None,
     ) -> None:
         super().__init__()
         check_positive_int("d_model", d_model)
         check_positive_int("n_heads", n_heads)
-        if d_model % n_heads:
-            raise ValueError(f"d_model ({d_model}) must be divisible by n_heads ({n_heads})")
+        if head_dim is None:
+            if d_model % n_heads:
+                raise ValueError(f"d_model ({d_model}) must be divisible by n_heads "
+                                 f"({n_heads}), or give head_dim")
+            head_dim = d_model // n_heads
+        else:
+            check_positive_int("head_dim", head_dim)
+        if scale is not None:
+            scale = check_positive_float("scale", scale)
+        biases = {}
+        for name, flag in (("q_bias", q_bias), ("k_bias", k_bias), ("v_bias", v_bias),
+                           ("o_bias", o_bias)):
+            if flag is not None and not isinstance(flag, bool):
+                raise TypeError(f"{name} must be a bool or None (= bias), got "
+                                f"{type(flag).__name__}")
+            biases[name] = bool(bias) if flag is None else flag
+        for name, norm in (("q_norm", q_norm), ("k_norm", k_norm)):
+            if norm is not None and not isinstance(norm, nn.Module):
+                raise TypeError(f"{name} must be an nn.Module (applied to each head, "
+                                f"[..., head_dim]) or None, got {type(norm).__name__}")
         n_kv_heads = n_heads if n_kv_heads is None else check_positive_int("n_kv_heads", n_kv_heads)
         if n_heads % n_kv_heads:
             raise ValueError(f"n_kv_heads ({n_kv_heads}) must divide n_heads ({n_heads})")
@@ -189,7 +242,6 @@ class MultiHeadAttention(nn.Module):
                 f"encoding must be a PositionEncoding (see make_encoding), got "
                 f"{type(encoding).__name__}"
             )
-        head_dim = d_model // n_heads
         for attr, want in (("n_heads", n_heads), ("head_dim", head_dim)):
             got = getattr(encoding, attr, None)
             if got is not None and got != want:
@@ -206,11 +258,14 @@ class MultiHeadAttention(nn.Module):
         self.compile_flex = compile_flex
         self.window = None if window is None else check_positive_int("window", window)
         self.encoding = encoding
-        kw = {"bias": bias}
-        self.q_proj = nn.Linear(d_model, n_heads * head_dim, **kw)
-        self.k_proj = nn.Linear(d_model, n_kv_heads * head_dim, **kw)
-        self.v_proj = nn.Linear(d_model, n_kv_heads * head_dim, **kw)
-        self.out_proj = nn.Linear(n_heads * head_dim, d_model, **kw)
+        #: the softmax scale (``head_dim ** -0.5`` unless given); may be reassigned
+        self.scale = head_dim**-0.5 if scale is None else scale
+        self.q_proj = nn.Linear(d_model, n_heads * head_dim, bias=biases["q_bias"])
+        self.k_proj = nn.Linear(d_model, n_kv_heads * head_dim, bias=biases["k_bias"])
+        self.v_proj = nn.Linear(d_model, n_kv_heads * head_dim, bias=biases["v_bias"])
+        self.out_proj = nn.Linear(n_heads * head_dim, d_model, bias=biases["o_bias"])
+        self.q_norm = q_norm
+        self.k_norm = k_norm
 
     # ----------------------------------------------------------------------------- forward
     def forward(
@@ -273,13 +328,14 @@ class MultiHeadAttention(nn.Module):
         """The attention core on already projected heads: what :meth:`forward` does
         between the input and output projections.
 
-        The encoding's ``rotate`` and bias hooks, the masks and the backend, exactly
-        as in :meth:`forward` (which calls it). For models that project q, k, v
-        themselves, and for benchmarks that time attention alone (chapter 5).
+        ``q_norm`` / ``k_norm`` (when set), the encoding's ``rotate`` and bias hooks, the
+        masks, the scale and the backend, exactly as in :meth:`forward` (which calls it).
+        For models that project q, k, v themselves, and for benchmarks that time
+        attention alone (chapter 5).
 
         Args:
-            q: ``[b, n_heads, s, head_dim]`` queries (not yet rotated).
-            k: ``[b, n_kv_heads, s, head_dim]`` keys (not yet rotated).
+            q: ``[b, n_heads, s, head_dim]`` queries (not yet normalised nor rotated).
+            k: ``[b, n_kv_heads, s, head_dim]`` keys (not yet normalised nor rotated).
             v: ``[b, n_kv_heads, s, head_dim]`` values.
             positions, key_padding_mask, document_ids, kv_cache: as in :meth:`forward`.
 
@@ -328,6 +384,10 @@ class MultiHeadAttention(nn.Module):
             q_doc = as_batched_positions("document_ids", document_ids, b, s,
                                          check_values=False).to(device)
 
+        if self.q_norm is not None:  # per head, before RoPE (Qwen3, Gemma 3)
+            q = self.q_norm(q)
+        if self.k_norm is not None:
+            k = self.k_norm(k)
         q, k = self.encoding.rotate(q, k, q_pos, q_pos)
         k_pos, k_doc = q_pos, q_doc
         if kv_cache is not None:
@@ -335,7 +395,7 @@ class MultiHeadAttention(nn.Module):
         plan = AttentionPlan(
             q_pos=q_pos, k_pos=k_pos, start=start, default_positions=default,
             causal=self.causal, key_padding_mask=pad, q_doc=q_doc, k_doc=k_doc,
-            window=self.window,
+            window=self.window, scale=self._plan_scale(),
         )
         dropout = self.dropout if self.training else 0.0
         backend = "naive" if return_weights else self.backend
@@ -352,6 +412,12 @@ class MultiHeadAttention(nn.Module):
                                      compile=self.compile_flex), None
             _warn_once(reason)
         return backends.sdpa(q, k, v, plan, self.encoding, dropout_p=dropout), None
+
+    def _plan_scale(self) -> float | None:
+        # None: the default 1/sqrt(head_dim), computed by each backend as it always was
+        if self.scale == self.head_dim**-0.5:
+            return None
+        return check_positive_float("scale", self.scale)
 
     @staticmethod
     def _check_padding(mask, b, k_len, device):
@@ -370,10 +436,16 @@ class MultiHeadAttention(nn.Module):
         return mask.to(device)
 
     def extra_repr(self) -> str:
+        extra = ""
+        if self.head_dim * self.n_heads != self.d_model:
+            extra += f", head_dim={self.head_dim}"
+        if self._plan_scale() is not None:
+            extra += f", scale={self.scale:.6g}"
+        if self.window is not None:
+            extra += f", window={self.window}"
         return (
             f"d_model={self.d_model}, n_heads={self.n_heads}, n_kv_heads={self.n_kv_heads}, "
-            f"causal={self.causal}, backend={self.backend!r}"
-            + (f", window={self.window}" if self.window is not None else "")
+            f"causal={self.causal}, backend={self.backend!r}" + extra
         )
 
 

@@ -60,6 +60,17 @@ the window are skipped, not computed), ``"auto"`` through ``"sdpa"`` (the fused 
 kernel has no window). The KV cache keeps every key (no rolling buffer): the window
 saves compute on ``"flex"``, not cache memory.
 
+**Scale.** Every backend computes ``softmax(c q k^T + bias)``, the bias (ALiBi's,
+T5's) added after the scale as in Hugging Face's layers. ``c`` is the plan's ``scale``;
+None means ``1 / sqrt(head_dim)`` (the original Transformer's), computed as before:
+``"naive"`` divides by ``sqrt(head_dim)``, the kernels use their own default. A scale
+(Gemma's ``query_pre_attn_scalar ** -0.5``, DeepSeek's ``mscale ** 2 / sqrt(d)``) is
+``"naive"``'s factor and the ``scale=`` argument of SDPA (``"sdpa"`` and ``"auto"``'s
+key-row path) and of FlexAttention, so a KV cache, which goes through the same
+backends, uses it too. The key-row check of ``"auto"`` runs at the default scale: the
+scale multiplies ``q k^T`` before the mask is added, in every kernel, so it does not
+change what is checked (the row is added, in float32, with ``is_causal``).
+
 Caches are bounded: per encoding (held weakly, so they go with it) at most
 :data:`MAX_CACHED_TABLES` bias tables and rows, keyed by device, dtype and the
 encoding's tensors (a ``.to()`` or an in-place change of the slopes makes a new
@@ -146,6 +157,8 @@ class AttentionPlan:
         k_doc: ``[1 or b, L_k]`` document ids of the keys, or None.
         window: sliding window ``w`` (module docs): the query at slot ``i`` sees key
             slots ``i - w < j <= i`` (``|i - j| < w`` when not causal); None = no window.
+        scale: the softmax scale ``c`` in ``softmax(c q k^T + bias)``; None = the
+            default ``1 / sqrt(head_dim)`` (module docs, "Scale").
     """
 
     q_pos: torch.Tensor
@@ -157,6 +170,7 @@ class AttentionPlan:
     q_doc: torch.Tensor | None = None
     k_doc: torch.Tensor | None = None
     window: int | None = None
+    scale: float | None = None
 
     @property
     def s(self) -> int:
@@ -232,6 +246,14 @@ def _zero_empty_rows(out: torch.Tensor, has_key: torch.Tensor | None) -> torch.T
 
 def _gqa_kwargs(q: torch.Tensor, k: torch.Tensor) -> dict:
     return {"enable_gqa": True} if q.shape[1] != k.shape[1] else {}
+
+
+def _kernel_kwargs(q: torch.Tensor, k: torch.Tensor, plan: AttentionPlan) -> dict:
+    # GQA, and the plan's scale where it is not the kernels' default 1 / sqrt(head_dim)
+    kw = _gqa_kwargs(q, k)
+    if plan.scale is not None:
+        kw["scale"] = plan.scale
+    return kw
 
 
 # --------------------------------------------------------------------------- caches
@@ -413,7 +435,9 @@ def naive(q, k, v, plan: AttentionPlan, encoding: PositionEncoding, *, dropout_p
         k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
     # at least float32 (half inputs are upcast); float64 stays float64 (gradcheck)
     dt = torch.promote_types(q.dtype, torch.float32)
-    scores = (q.to(dt) @ k.to(dt).transpose(-2, -1)) / math.sqrt(q.shape[-1])
+    scores = q.to(dt) @ k.to(dt).transpose(-2, -1)
+    # the default divides by sqrt(head_dim), as before the scale existed (same rounding)
+    scores = scores / math.sqrt(q.shape[-1]) if plan.scale is None else scores * plan.scale
     bias = _plan_bias(encoding, plan)
     if bias is not None:
         scores = scores + bias
@@ -440,7 +464,7 @@ def _mask_dtype(q: torch.Tensor) -> torch.dtype:
 
 def sdpa(q, k, v, plan: AttentionPlan, encoding: PositionEncoding, *, dropout_p: float = 0.0):
     """``scaled_dot_product_attention`` with the plan as a 4-D mask (or ``is_causal``)."""
-    kw = _gqa_kwargs(q, k)
+    kw = _kernel_kwargs(q, k, plan)
     # -inf: a query always keeps one key (itself: causal, its document, its window)
     hard = plan.causal or plan.has_documents or plan.windowed
     dtype = _mask_dtype(q)
@@ -591,7 +615,7 @@ def key_row(q, k, v, plan: AttentionPlan, row: torch.Tensor):
         pad_bias = torch.zeros(pad.shape, dtype=mask.dtype, device=q.device)
         mask = mask + pad_bias.masked_fill(pad, torch.finfo(mask.dtype).min)[:, None, None, :]
     out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal,
-                                         **_gqa_kwargs(q, k))
+                                         **_kernel_kwargs(q, k, plan))
     return _zero_empty_rows(out, plan.has_key())
 
 
@@ -770,6 +794,6 @@ def flex(q, k, v, plan: AttentionPlan, encoding: PositionEncoding, *, compile: b
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="flex_attention called without torch.compile")
         out = _flex_fn(not eager, plain)(
-            q, k, v, score_mod=score_mod, block_mask=block_mask, **_gqa_kwargs(q, k)
+            q, k, v, score_mod=score_mod, block_mask=block_mask, **_kernel_kwargs(q, k, plan)
         )
     return _zero_empty_rows(out, plan.has_key())
