@@ -600,7 +600,7 @@ def _build_mistral(config, attn, backend):
 
 def _build_qwen2(config, attn, backend):
     # one bias flag for the four projections: bias=True and the o_proj bias set to zero
-    # (the per-projection flags are an xfail below)
+    # (test_qwen2_attention_per_projection_biases uses the per-projection flags)
     assert attn.q_proj.bias is not None and attn.o_proj.bias is None
     return _llama_like(config, attn, backend, bias=True)
 
@@ -737,15 +737,7 @@ def test_attention_core_with_qk_norm_matches_hf(fam, layer_type, backend, padded
     assert err <= OUT_TOL
 
 
-# --------------------------------------------------------------------------- not yet expressible
-_API = "MultiHeadAttention has no {what} argument (DESIGN.md: 'head_dim, scale, per-projection " \
-       "biases'), so {family} cannot be built as one layer; expected API: {api}"
-
-
-@pytest.mark.xfail(strict=True, raises=TypeError, reason=_API.format(
-    what="per-projection bias", family="Qwen2 (q/k/v biases, no o_proj bias)",
-    api="MultiHeadAttention(..., q_bias=True, k_bias=True, v_bias=True, o_bias=False), each "
-        "defaulting to bias"))
+# ------------------------------------------------------------- head_dim, scale, biases, QK-norm
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_qwen2_attention_per_projection_biases(backend):
     config, model, attn = _hf_layer(F.QWEN2, "Qwen2Model", "layers.0.self_attn")
@@ -763,10 +755,6 @@ def test_qwen2_attention_per_projection_biases(backend):
     _compare_attention(ours, seen, pad, positions, True)
 
 
-@pytest.mark.xfail(strict=True, raises=TypeError, reason=_API.format(
-    what="head_dim", family="a Llama layer with head_dim != hidden_size / heads (Qwen3, "
-    "Gemma, Mistral's head_dim=128 at width 5120)",
-    api="MultiHeadAttention(d_model, n_heads, ..., head_dim=32)"))
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_llama_attention_head_dim(backend):
     config, model, attn = _hf_layer(F.LLAMA, "LlamaModel", "layers.0.self_attn", head_dim=32)
@@ -781,11 +769,6 @@ def test_llama_attention_head_dim(backend):
     _compare_attention(ours, seen, pad, positions, True)
 
 
-@pytest.mark.xfail(strict=True, raises=TypeError, reason=_API.format(
-    what="head_dim / q_norm / k_norm", family="Qwen3 (QK-norm on each head before RoPE, "
-    "head_dim 16 at width 32)",
-    api="MultiHeadAttention(..., head_dim=16, q_norm=<module on [.., head_dim]>, "
-        "k_norm=<module>) as torchtune's q_norm/k_norm"))
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_qwen3_attention_qk_norm(backend):
     config, model, attn = _qk_norm_layer(F.QWEN3, "Qwen3Model")
@@ -801,11 +784,6 @@ def test_qwen3_attention_qk_norm(backend):
     _compare_attention(ours, seen, pad, positions, True)
 
 
-@pytest.mark.xfail(strict=True, raises=TypeError, reason=_API.format(
-    what="scale (softmax scale) / head_dim / q_norm / k_norm", family="Gemma 3 (scale "
-    "query_pre_attn_scalar**-0.5, not 1/sqrt(head_dim); QK-norm; window on local layers)",
-    api="MultiHeadAttention(..., head_dim=16, scale=query_pre_attn_scalar**-0.5, q_norm=, "
-        "k_norm=, window=) (SDPA's and torchtune's name 'scale', HF's 'scaling')"))
 @pytest.mark.parametrize("layer_type", ["sliding_attention", "full_attention"],
                          ids=["sliding", "full"])
 def test_gemma3_attention_scale(layer_type):
@@ -851,28 +829,41 @@ def test_falcon_alibi_attention(backend):
 
 
 LOADER_CASES = {
-    "llama": (F.LLAMA, "LlamaModel", "layers.0.self_attn", {}),
-    "mistral": (F.MISTRAL, "MistralModel", "layers.0.self_attn", {}),
-    "qwen2": (F.QWEN2, "Qwen2Model", "layers.0.self_attn", {}),
-    "qwen3": (F.QWEN3, "Qwen3Model", "layers.0.self_attn", {}),
+    # name: (family, model class, attention module, config overrides, length)
+    "llama": (F.LLAMA, "LlamaModel", "layers.0.self_attn", {}, 10),
+    "llama-yarn": (F.LLAMA, "LlamaModel", "layers.0.self_attn", {"rope_parameters": _YARN}, 10),
+    "llama-head_dim32": (F.LLAMA, "LlamaModel", "layers.0.self_attn", {"head_dim": 32}, 10),
+    "llama-attention_bias": (F.LLAMA, "LlamaModel", "layers.0.self_attn",
+                             {"attention_bias": True}, 10),
+    "mistral": (F.MISTRAL, "MistralModel", "layers.0.self_attn", {}, 10),
+    "qwen2": (F.QWEN2, "Qwen2Model", "layers.0.self_attn", {}, 10),
+    "qwen3": (F.QWEN3, "Qwen3Model", "layers.0.self_attn", {}, 10),
     "gemma3-full": (F.GEMMA3, "Gemma3TextModel", "layers.0.self_attn",
-                    {"layer_types": ["full_attention"], "num_hidden_layers": 1}),
-    "gpt_neox": (F.GPT_NEOX, "GPTNeoXModel", "layers.0.attention", {}),
+                    {"layer_types": ["full_attention"], "num_hidden_layers": 1}, 10),
+    "gemma3-sliding": (F.GEMMA3, "Gemma3TextModel", "layers.0.self_attn",
+                       {"layer_types": ["sliding_attention"], "num_hidden_layers": 1}, 10),
+    "gpt_neox": (F.GPT_NEOX, "GPTNeoXModel", "layers.0.attention", {}, 10),
+    # 20 tokens: past Phi-3's original 16 (LongRoPE's long factors, attention factor)
+    "phi3": (F.PHI3, "Phi3Model", "layers.0.self_attn", {}, 20),
+    "phi4_mini": (F.PHI4_MINI, "Phi3Model", "layers.0.self_attn", {}, 20),
+    "bloom": (F.BLOOM, "BloomModel", "h.0.self_attention", {}, 10),
 }
 
 
-@pytest.mark.xfail(strict=True, raises=ImportError, reason=(
-    "tutorial_pkg.hf (DESIGN.md: 'load a Hugging Face attention layer into "
-    "MultiHeadAttention') does not exist yet; expected API: "
-    "tutorial_pkg.hf.from_hf_attention(hf_attention_module, config) -> MultiHeadAttention"))
+@pytest.mark.parametrize("padded", [False, True], ids=["causal", "left-padded"])
+@pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("name", list(LOADER_CASES))
-def test_loader_from_hf_attention(name):
-    fam, cls, path, overrides = LOADER_CASES[name]
+def test_loader_from_hf_attention(name, backend, padded, record_property):
+    """tutorial_pkg.hf.from_hf_attention(module, config): the family's output, every backend
+    (BLOOM's module adds the residual inside; the loaded layer does not)."""
+    fam, cls, path, overrides, s = LOADER_CASES[name]
     config, model, attn = _hf_layer(fam, cls, path, **overrides)
     hf = importlib.import_module("tutorial_pkg.hf")
-    ours = hf.from_hf_attention(attn, config).double()
-    seen, pad, positions = _run_hf(model, attn, 10, True)
-    _compare_attention(ours, seen, pad, positions, True)
+    ours = hf.from_hf_attention(attn, config, backend=backend)
+    assert ours.q_proj.weight.dtype == torch.float64  # the module's dtype
+    seen, pad, positions = _run_hf(model, attn, s, padded)
+    _compare_attention(ours, seen, pad, positions, padded, record_property,
+                       _residual_post(fam, seen))
 
 
 # =========================================================================== 5. diagnose
