@@ -3,7 +3,10 @@
 Each probe takes plain callables or tensors (your function, your model, your
 weights), not only this package's classes, and returns a small report: a
 dataclass with ``ok`` (pass/fail), the measured quantities, a list of
-``problems`` in words, and a readable ``str()``.
+``problems`` in words, and a readable ``str()``. The ``str()`` prints what a check
+claims, not rounding noise: a residual that passes is printed as the bound it passed
+(``max |diff| <= 0.0001``), one that fails with two significant digits; the exact
+values are the report's attributes.
 
 * :func:`probe_rope`: what a RoPE function does: half or interleaved pairs, its
   base, partial rotary, and whether scores depend only on ``m - n``.
@@ -82,6 +85,21 @@ def _unwrap(phase: torch.Tensor) -> torch.Tensor:
     return torch.cat((phase[..., :1], phase[..., :1] + step.cumsum(-1)), dim=-1)
 
 
+def _bound(x: float) -> str:
+    """``x`` rounded up to one significant digit (``1e-05``, ``2e-05``, ``0.05``): a bound to
+    print in place of a residual, whose digits depend on how the CPU's kernels round."""
+    if not x > 0:
+        return f"{x:g}"
+    exp = math.floor(math.log10(x))
+    digit = math.ceil(round(x / 10.0**exp, 9))
+    return f"{float(f'{digit}e{exp}'):g}"
+
+
+def _measured(x: float) -> str:
+    """A residual that failed its check, to two significant digits (``5.3``, ``0.0012``)."""
+    return f"{x:.2g}"
+
+
 def _first(mask: torch.Tensor) -> int | None:
     idx = mask.nonzero()
     return None if idx.numel() == 0 else int(idx[0, 0])
@@ -126,6 +144,8 @@ class RopeReport(Report):
         relative_error: largest ``|s(m+1, n+1) - s(m, n)|`` of unit vectors' scores.
         notes: what is unusual but not wrong (scaling, direction of rotation).
         problems: what is wrong, in words (empty when ``ok``).
+        tol: the tolerance of the checks (``relative_error`` may reach
+            ``tol * max(1, magnitude ** 2)``).
     """
 
     layout: str | None
@@ -140,12 +160,16 @@ class RopeReport(Report):
     relative_error: float
     notes: list = field(default_factory=list)
     problems: list = field(default_factory=list)
+    tol: float | None = None
 
     def _lines(self):
         base = "-" if self.base is None else f"{self.base:g}"
+        limit = None if self.tol is None else self.tol * max(1.0, self.magnitude**2)
+        deviation = (f"<= {_bound(limit)}" if limit is not None and self.relative_error <= limit
+                     else _measured(self.relative_error))
         return [f"layout {self.layout}, base {base}, rotary_dim {self.rotary_dim} of "
                 f"{self.head_dim} ({len(self.unrotated)} features unrotated)",
-                f"scores depend only on m - n: max deviation {self.relative_error:.2e}",
+                f"scores depend only on m - n: max deviation {deviation}",
                 *("note: " + n for n in self.notes)]
 
 
@@ -265,13 +289,13 @@ def probe_rope(
         problems.append("nothing is rotated: no position information reaches q/k")
     if relative_error > tol * max(1.0, magnitude**2):
         problems.append(f"scores depend on absolute positions, not only on m - n "
-                        f"(deviation {relative_error:.2e})")
+                        f"(deviation {_measured(relative_error)})")
     if expect_layout is not None and layout != expect_layout:
         problems.append(f"layout is {layout}, expected {expect_layout}")
     if expect_base is not None and (base is None or abs(base / expect_base - 1) > 1e-3):
         problems.append(f"base is {base}, expected {expect_base:g}")
     return RopeReport(layout, base, d, 2 * len(pairs), pairs, unrotated, freqs, scale,
-                      magnitude, relative_error, notes, problems)
+                      magnitude, relative_error, notes, problems, tol)
 
 
 # --------------------------------------------------------------------------- precision
@@ -294,7 +318,7 @@ class PrecisionReport(Report):
     problems: list = field(default_factory=list)
 
     def _lines(self):
-        rows = [f"{a:>6d}-{b:<6d} {e:.3e}" for a, b, e in self.buckets]
+        rows = [f"{a:>6d}-{b:<6d} {e:.2g}" for a, b, e in self.buckets]
         return [f"error vs float64 reference in {self.dtype} (tol {self.tol:.3g}):", *rows]
 
 
@@ -361,7 +385,7 @@ def probe_rope_precision(
                for a, b in zip(edges[:-1], edges[1:], strict=True) if b > a]
     first = _first(err > tol)
     problems = [] if first is None else [
-        f"error exceeds {tol:.3g} from position {first} (max {float(err.max()):.3g}): "
+        f"error exceeds {tol:.3g} from position {first} (max {_measured(float(err.max()))}): "
         f"angles or cos/sin computed in low precision?"]
     return PrecisionReport(dtype, tol, buckets, first, problems)
 
@@ -451,14 +475,21 @@ class KVCacheReport(Report):
         scenarios: name -> ``(first differing position or None, max |difference|)``;
             positions count the real tokens of a row (padding excluded).
         problems: what is wrong, in words.
+        atol, rtol: the tolerances of the comparison.
     """
 
     scenarios: dict
     problems: list = field(default_factory=list)
+    atol: float | None = None
+    rtol: float | None = None
 
     def _lines(self):
-        return [f"{name:<28s} " + ("same" if first is None else f"differs from position {first}")
-                + f" (max |diff| {err:.2e})" for name, (first, err) in self.scenarios.items()]
+        head = ([] if self.atol is None else
+                [f"compared with one full pass, within atol {self.atol:g} + rtol {self.rtol:g}:"])
+        return head + [f"{name:<28s} " + ("same" if first is None else
+                                          f"differs from position {first} (max |diff| "
+                                          f"{_measured(err)})")
+                       for name, (first, err) in self.scenarios.items()]
 
 
 def _compare(got, want, atol, rtol, name, scenarios, problems, offset=None):
@@ -565,7 +596,7 @@ def check_kv_cache(
                      "left padding, one pass", scenarios, problems, offset)
             _compare(decode(padded, positions, padding), ref, atol, rtol,
                      "left padding, decode", scenarios, problems, offset)
-    return KVCacheReport(scenarios, problems)
+    return KVCacheReport(scenarios, problems, atol, rtol)
 
 
 # --------------------------------------------------------------------------- masking
@@ -581,6 +612,7 @@ class MaskingReport(Report):
         alone_error: largest difference between a packed document's outputs and the
             same document run alone (``None`` without ``document_ids``).
         problems: what is wrong, in words.
+        tol: the largest ``alone_error`` that passes.
     """
 
     nonfinite: tuple | None
@@ -588,13 +620,16 @@ class MaskingReport(Report):
     document_leak: tuple | None
     alone_error: float | None
     problems: list = field(default_factory=list)
+    tol: float | None = None
 
     def _lines(self):
         lines = [f"non-finite outputs: {self.nonfinite or 'none'}",
                  f"future-token leak: {'none' if self.future_leak is None else self.future_leak}"]
         if self.alone_error is not None:
+            same = self.tol is not None and self.alone_error <= self.tol
             lines += [f"cross-document leak: {self.document_leak or 'none'}",
-                      f"packed vs alone: max |diff| {self.alone_error:.2e}"]
+                      "packed vs alone: max |diff| "
+                      + (f"<= {self.tol:g}" if same else _measured(self.alone_error))]
         return lines
 
 
@@ -726,9 +761,10 @@ def probe_masking(
                                 f"{doc_leak[1]} changes when document {doc_leak[2]} changes")
             if not alone <= max(atol, 1e-4):
                 problems.append(f"a packed document's outputs differ from the document alone "
-                                f"(max {alone:.3g})"
+                                f"(max {_measured(alone)})"
                                 + ("" if doc_leak else ": positions do not restart?"))
-    return MaskingReport(nonfinite, future, doc_leak, alone, problems)
+    return MaskingReport(nonfinite, future, doc_leak, alone, problems,
+                         None if alone is None else max(atol, 1e-4))
 
 
 # --------------------------------------------------------------------------- ALiBi
@@ -745,6 +781,7 @@ class AlibiReport(Report):
             distance ``m - n`` (score units, nats), ``None`` for slopes alone.
         first_rounded_distance: first distance where it exceeds ``tol``.
         problems: what is wrong, in words.
+        tol: the rounding allowed.
     """
 
     slopes: list
@@ -753,14 +790,19 @@ class AlibiReport(Report):
     rounding_error: float | None
     first_rounded_distance: int | None
     problems: list = field(default_factory=list)
+    tol: float | None = None
 
     def _lines(self):
         lines = [f"{len(self.slopes)} heads; slopes differ from Press et al. in heads "
                  f"{self.wrong_heads or 'none'}"]
         if self.rounding_error is not None:
-            lines.append(f"bias rounding: max {self.rounding_error:.3g} nats"
-                         + (f", above tol from distance {self.first_rounded_distance}"
-                            if self.first_rounded_distance is not None else ""))
+            if self.first_rounded_distance is not None:
+                lines.append(f"bias rounding: max {_measured(self.rounding_error)} nats, above tol "
+                             f"from distance {self.first_rounded_distance}")
+            elif self.tol is not None:
+                lines.append(f"bias rounding: max <= {self.tol:g} nats")
+            else:
+                lines.append(f"bias rounding: max {_measured(self.rounding_error)} nats")
         return lines
 
 
@@ -816,7 +858,7 @@ def probe_alibi(bias, n_heads: int, *, seq_len: int = 1024, tol: float = 0.05) -
     if first is not None:
         problems.append(f"the bias is rounded by more than {tol:g} from distance {first} "
                         f"(stored in 16 bits?)")
-    return AlibiReport(slopes.tolist(), ref.tolist(), wrong, rounding, first, problems)
+    return AlibiReport(slopes.tolist(), ref.tolist(), wrong, rounding, first, problems, tol)
 
 
 # --------------------------------------------------------------------------- weights
@@ -830,16 +872,20 @@ class ConversionReport(Report):
         bad_heads: heads (1-based) above ``tol``.
         hints: likely causes, found by trying the usual mistakes.
         problems: what is wrong, in words.
+        tol: the relative score error allowed.
     """
 
     head_errors: list
     bad_heads: list
     hints: list
     problems: list = field(default_factory=list)
+    tol: float | None = None
 
     def _lines(self):
-        return [f"score error per head: max {max(self.head_errors):.2e}",
-                *("hint: " + h for h in self.hints)]
+        worst = max(self.head_errors)
+        shown = (f"<= {self.tol:g}" if self.tol is not None and worst <= self.tol
+                 else _measured(worst))
+        return [f"score error per head: max {shown}", *("hint: " + h for h in self.hints)]
 
 
 def _weight(name, w, rows):
@@ -930,5 +976,6 @@ def check_weight_conversion(
                 hints.append(f"{name} was permuted with {wrong} heads; it has n_kv_heads={right}")
             elif torch.allclose(convert(convert(w, right), right), new):
                 hints.append(f"{name} was permuted twice")
-    problems = [f"scores of heads {bad} differ (max relative error {max(err):.2e})"] if bad else []
-    return ConversionReport(err, bad, hints, problems)
+    problems = ([f"scores of heads {bad} differ (max relative error {_measured(max(err))})"]
+                if bad else [])
+    return ConversionReport(err, bad, hints, problems, tol)
