@@ -635,3 +635,189 @@ def test_padding_alone_builds_no_dense_mask_for_empty_rows(backend, monkeypatch)
     with torch.no_grad():
         out = layer(inputs(17), key_padding_mask=padding())
     assert out[1, :3].abs().max() == 0  # queries 0..2 of row 1 see only padding
+
+
+# --------------------------------------------------------------------------- #
+# head_dim, scale, per-projection biases, QK-norm (real checkpoints' layers)
+# --------------------------------------------------------------------------- #
+HEAD_DIM = 16  # != D_MODEL // N_HEADS = 8: Qwen3's / Gemma's layout
+REAL_KEYS = ["nope", "rope", "alibi", "hybrid", "t5"]  # encodings that do not embed x
+
+
+def _real_layer(key, backend="naive", causal=True, **kw):
+    """A layer with head_dim 16 at width 32 (the encoding built for 4 heads of 16)."""
+    enc = build_encoding(key, causal, d_model=N_HEADS * HEAD_DIM, n_heads=N_HEADS)
+    torch.manual_seed(0)
+    return MultiHeadAttention(D_MODEL, N_HEADS, enc, causal=causal, backend=backend,
+                              n_kv_heads=N_KV, compile_flex=False, head_dim=HEAD_DIM, **kw)
+
+
+class _HeadRMSNorm(nn.Module):
+    """RMSNorm over the last axis (Qwen3's q_norm / k_norm), a learned weight."""
+
+    def __init__(self, dim, seed):
+        super().__init__()
+        self.weight = nn.Parameter(
+            1 + 0.3 * torch.randn(dim, generator=torch.Generator().manual_seed(seed)))
+
+    def forward(self, x):
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * self.weight
+
+
+def _scaled_q(layer: MultiHeadAttention, c: float) -> MultiHeadAttention:
+    """The layer with the default scale and q_proj multiplied by c * sqrt(head_dim): the
+    oracle for ``scale=c`` (RoPE is linear in q, a bias is added after the scale)."""
+    ref = MultiHeadAttention(layer.d_model, layer.n_heads, layer.encoding, causal=layer.causal,
+                             backend="naive", n_kv_heads=layer.n_kv_heads,
+                             head_dim=layer.head_dim, bias=layer.q_proj.bias is not None)
+    ref.load_state_dict(layer.state_dict())
+    with torch.no_grad():
+        ref.q_proj.weight.mul_(c * layer.head_dim**0.5)
+        if ref.q_proj.bias is not None:
+            ref.q_proj.bias.mul_(c * layer.head_dim**0.5)
+    return ref
+
+
+def test_head_dim_shapes_projections_and_state_dict():
+    layer = MultiHeadAttention(D_MODEL, N_HEADS, n_kv_heads=N_KV, head_dim=HEAD_DIM)
+    assert layer.head_dim == HEAD_DIM and layer.scale == HEAD_DIM**-0.5
+    assert tuple(layer.q_proj.weight.shape) == (N_HEADS * HEAD_DIM, D_MODEL)
+    assert tuple(layer.k_proj.weight.shape) == (N_KV * HEAD_DIM, D_MODEL)
+    assert tuple(layer.out_proj.weight.shape) == (D_MODEL, N_HEADS * HEAD_DIM)
+    assert layer(inputs()).shape == (2, SEQ, D_MODEL)
+    assert "head_dim=16" in repr(layer)
+    # head_dim frees d_model from being a multiple of n_heads (Mistral-NeMo: 5120 / 32 != 128)
+    odd = MultiHeadAttention(30, 4, head_dim=8)
+    assert odd(torch.randn(1, 3, 30)).shape == (1, 3, 30)
+    # the default is d_model // n_heads, and nothing changes for it
+    assert MultiHeadAttention(D_MODEL, N_HEADS).head_dim == D_MODEL // N_HEADS
+
+
+@pytest.mark.parametrize("backend", ["sdpa", "auto", pytest.param("flex", marks=needs_flex)])
+@pytest.mark.parametrize("use_pad", [False, True], ids=["nopad", "pad"])
+@pytest.mark.parametrize("key", REAL_KEYS)
+def test_head_dim_scale_norms_every_backend_equals_naive(key, use_pad, backend):
+    """head_dim 16, scale 0.2, QK-norm and per-projection biases: each backend = naive."""
+    norms = {"q_norm": _HeadRMSNorm(HEAD_DIM, 1), "k_norm": _HeadRMSNorm(HEAD_DIM, 2)}
+    layer = _real_layer(key, scale=0.2, bias=True, o_bias=False, **norms)
+    x, pad = inputs(3), (padding() if use_pad else None)
+    with torch.no_grad():
+        expected = layer(x, key_padding_mask=pad)
+        layer.backend = backend
+        with mock.patch.object(attention, "_warn_once", side_effect=AssertionError):
+            got = layer(x, key_padding_mask=pad)
+    torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("backend", ["naive", "sdpa", "auto", pytest.param("flex",
+                                                                           marks=needs_flex)])
+@pytest.mark.parametrize("key", REAL_KEYS)
+def test_scale_equals_default_scale_with_scaled_queries(key, backend):
+    """softmax(c q.k + bias) on every backend = the default layer with q times c sqrt(d)
+    (naive), with padding; and the scale really changes the output."""
+    c = 0.55
+    layer = _real_layer(key, backend, scale=c, bias=True)
+    ref = _scaled_q(layer, c)
+    x, pad = inputs(4), padding()
+    with torch.no_grad(), mock.patch.object(attention, "_warn_once", side_effect=AssertionError):
+        got = layer(x, key_padding_mask=pad)
+        want = ref(x, key_padding_mask=pad)
+        default = _scaled_q(layer, HEAD_DIM**-0.5)(x, key_padding_mask=pad)
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+    assert (got - default).abs().max() > 1e-3
+
+
+def test_default_scale_is_computed_as_before():
+    """scale=None and scale=head_dim**-0.5 take the same path (naive divides by sqrt(d)):
+    bit-identical outputs, so the chapters' stored numbers do not move."""
+    torch.manual_seed(0)
+    a = MultiHeadAttention(D_MODEL, N_HEADS, make_encoding("alibi", n_heads=N_HEADS),
+                           backend="naive")
+    b = MultiHeadAttention(D_MODEL, N_HEADS, make_encoding("alibi", n_heads=N_HEADS),
+                           backend="naive", scale=(D_MODEL // N_HEADS) ** -0.5)
+    b.load_state_dict(a.state_dict())
+    x = inputs()
+    with torch.no_grad():
+        assert torch.equal(a(x), b(x))
+    assert a._plan_scale() is None and b._plan_scale() is None
+    assert "scale" not in repr(a)
+
+
+@pytest.mark.parametrize("backend", ["naive", "sdpa", "auto"])
+@pytest.mark.parametrize("key", ["rope", "alibi", "t5"])
+def test_kv_cache_with_head_dim_scale_and_norms_equals_full_forward(key, backend):
+    norms = {"q_norm": _HeadRMSNorm(HEAD_DIM, 1), "k_norm": _HeadRMSNorm(HEAD_DIM, 2)}
+    layer = _real_layer(key, backend, scale=0.3, **norms)
+    x = inputs(5)
+    cache = KVCache()
+    with torch.no_grad():
+        full = layer(x)
+        steps = torch.cat([layer(x[:, :3], kv_cache=cache)]
+                          + [layer(x[:, t:t + 1], kv_cache=cache) for t in range(3, SEQ)], 1)
+    torch.testing.assert_close(steps, full, rtol=1e-4, atol=1e-5)
+
+
+def test_qk_norm_is_applied_per_head_before_rope():
+    """forward with q_norm/k_norm = attend on heads normalised by hand (before rotation),
+    and attend applies them too (forward = out_proj(attend(projections)))."""
+    norms = {"q_norm": _HeadRMSNorm(HEAD_DIM, 1), "k_norm": _HeadRMSNorm(HEAD_DIM, 2)}
+    layer = _real_layer("rope", **norms)
+    plain = _real_layer("rope")
+    plain.load_state_dict(layer.state_dict(), strict=False)
+    x = inputs(6)
+    b, s = x.shape[:2]
+    with torch.no_grad():
+        q = layer.q_proj(x).view(b, s, N_HEADS, HEAD_DIM).transpose(1, 2)
+        k = layer.k_proj(x).view(b, s, N_KV, HEAD_DIM).transpose(1, 2)
+        v = layer.v_proj(x).view(b, s, N_KV, HEAD_DIM).transpose(1, 2)
+        by_hand = plain.attend(norms["q_norm"](q), norms["k_norm"](k), v)
+        want = layer.out_proj(by_hand.transpose(1, 2).reshape(b, s, -1))
+        torch.testing.assert_close(layer(x), want)
+        torch.testing.assert_close(layer.attend(q, k, v), by_hand)
+        assert (layer(x) - plain(x)).abs().max() > 1e-3  # the norms matter
+    assert {"q_norm.weight", "k_norm.weight"} <= set(layer.state_dict())
+
+
+def test_per_projection_biases():
+    layer = MultiHeadAttention(D_MODEL, N_HEADS, bias=True, o_bias=False)  # Qwen2
+    assert [p.bias is not None for p in (layer.q_proj, layer.k_proj, layer.v_proj,
+                                         layer.out_proj)] == [True, True, True, False]
+    layer = MultiHeadAttention(D_MODEL, N_HEADS, k_bias=True)
+    assert [p.bias is not None for p in (layer.q_proj, layer.k_proj, layer.v_proj,
+                                         layer.out_proj)] == [False, True, False, False]
+    assert sorted(layer.state_dict()) == ["k_proj.bias", "k_proj.weight", "out_proj.weight",
+                                          "q_proj.weight", "v_proj.weight"]
+
+
+@pytest.mark.parametrize(("kwargs", "error", "match"), [
+    ({"head_dim": 0}, ValueError, "head_dim must be a positive int"),
+    ({"head_dim": 8.0}, TypeError, "head_dim must be an int"),
+    ({"head_dim": True}, TypeError, "head_dim must be an int"),
+    ({"scale": 0.0}, ValueError, "scale must be a finite number > 0"),
+    ({"scale": -0.1}, ValueError, "scale must be a finite number > 0"),
+    ({"scale": float("nan")}, ValueError, "scale must be a finite number > 0"),
+    ({"scale": float("inf")}, ValueError, "scale must be a finite number > 0"),
+    ({"scale": "0.1"}, TypeError, "scale must be a number"),
+    ({"scale": True}, TypeError, "scale must be a number"),
+    ({"scale": torch.tensor(0.1)}, TypeError, "scale must be a number"),
+    ({"q_bias": 1}, TypeError, "q_bias must be a bool"),
+    ({"o_bias": "no"}, TypeError, "o_bias must be a bool"),
+    ({"q_norm": lambda t: t}, TypeError, "q_norm must be an nn.Module"),
+    ({"k_norm": "rms"}, TypeError, "k_norm must be an nn.Module"),
+])
+def test_new_arguments_are_checked(kwargs, error, match):
+    with pytest.raises(error, match=match):
+        MultiHeadAttention(D_MODEL, N_HEADS, **kwargs)
+
+
+def test_head_dim_must_agree_with_the_encoding():
+    with pytest.raises(ValueError, match="encoding has head_dim=8 but attention has head_dim=16"):
+        MultiHeadAttention(D_MODEL, N_HEADS, make_encoding("rope", d_model=D_MODEL,
+                                                           n_heads=N_HEADS), head_dim=16)
+    with pytest.raises(ValueError, match="or give head_dim"):
+        MultiHeadAttention(30, 4)
+    # a scale reassigned later is checked when the layer runs
+    layer = MultiHeadAttention(D_MODEL, N_HEADS)
+    layer.scale = -1.0
+    with pytest.raises(ValueError, match="scale must be a finite number > 0"):
+        layer(inputs())

@@ -21,11 +21,12 @@ module             chapter
 ``model``          7. Length extrapolation (tiny LM)
 ``experiments``    7. Length extrapolation (training, evaluation)
 ``diagnose``       9. Debugging (probes for your own code)
+``hf``             no chapter: load a Hugging Face attention layer (README)
 ``plotting``       figures of every chapter
 =================  ==============================================================
 """
 
-from . import backends, diagnose
+from . import backends, diagnose, hf
 from .alibi import ALIBI_MODES, alibi_bias, alibi_score_mod, alibi_slopes
 from .attention import BACKENDS, KVCache, MultiHeadAttention, TransformerBlock, flex_available
 from .encodings import (
@@ -163,4 +164,6 @@ __all__ = [
     "backends",
     # the probes of chapter 9 (tutorial_pkg.diagnose.probe_rope, ...)
     "diagnose",
+    # the Hugging Face loader (tutorial_pkg.hf.from_hf_attention, tutorial_pkg.hf.padding_mask)
+    "hf",
 ]

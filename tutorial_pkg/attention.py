@@ -439,8 +439,8 @@ class MultiHeadAttention(nn.Module):
         extra = ""
         if self.head_dim * self.n_heads != self.d_model:
             extra += f", head_dim={self.head_dim}"
-        if self._plan_scale() is not None:
-            extra += f", scale={self.scale:.6g}"
+        if self.scale != self.head_dim**-0.5:
+            extra += f", scale={self.scale!r}"
         if self.window is not None:
             extra += f", window={self.window}"
         return (
