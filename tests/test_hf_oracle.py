@@ -847,6 +847,7 @@ LOADER_CASES = {
     # 20 tokens: past Phi-3's original 16 (LongRoPE's long factors, attention factor)
     "phi3": (F.PHI3, "Phi3Model", "layers.0.self_attn", {}, 20),
     "phi4_mini": (F.PHI4_MINI, "Phi3Model", "layers.0.self_attn", {}, 20),
+    "phi3-window4": (F.PHI3, "Phi3Model", "layers.0.self_attn", {"sliding_window": 4}, 20),
     "bloom": (F.BLOOM, "BloomModel", "h.0.self_attention", {}, 10),
 }
 

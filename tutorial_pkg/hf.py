@@ -20,7 +20,8 @@ Qwen2               as Llama: q/k/v biases, none on o_proj; window per layer typ
 Qwen3               as Qwen2 without biases, and ``q_norm``/``k_norm`` (copied)
 Gemma 3 (text)      as Qwen3, scale ``query_pre_attn_scalar ** -0.5``, RoPE and
                     window of the layer's type
-Phi-3               fused ``qkv_proj`` (q rows, then k, then v), LongRoPE
+Phi-3               fused ``qkv_proj`` (q rows, then k, then v), LongRoPE,
+                    ``config.sliding_window`` (Phi-3-mini's 2047)
 GPT-NeoX            fused ``query_key_value`` (per head: q, k, v), partial rotary
 BLOOM               fused ``query_key_value`` (per head: q, k, v), ALiBi
 ==================  ============================================================
@@ -284,7 +285,7 @@ def from_hf_attention(attention: nn.Module, config, *, backend: str = "auto",
     if n_heads * n_kv == 0 or n_heads % n_kv:
         _refuse(family, f"{n_heads} query heads and {n_kv} key/value heads")
     window = getattr(attention, "sliding_window", None)
-    if model_type == "mistral":  # Mistral's mask reads the window from the config
+    if model_type in ("mistral", "phi3"):  # their masks read the window from the config
         window = cfg.get("sliding_window")
     norms = {}
     if model_type in ("qwen3", "gemma3_text"):
