@@ -105,8 +105,7 @@ ROPE_CASES = [
     # Llama 4's checkpoints: llama3 with low_freq_factor == high_freq_factor (no band)
     _rope(F.LLAMA, {"rope_parameters": {**_LLAMA3, "factor": 16.0, "high_freq_factor": 1.0}},
           lengths=(12, 40), id="llama-llama3-equal-factors"),
-    # Llama 4 rotates adjacent pairs; read_rope_config says "half" (xfail below), so the
-    # layout is given here: the frequencies, base and tables are right
+    # Llama 4 rotates adjacent pairs; the layout given here (read from model_type below)
     _rope(F.LLAMA4, build="layout=interleaved", id="llama4-interleaved-given"),
     _rope(F.QWEN2, {"rope_parameters": {"rope_type": "yarn", "factor": 4.0,
                                         "original_max_position_embeddings": 4096,
@@ -116,13 +115,13 @@ ROPE_CASES = [
     _rope(F.GEMMA3, layer_type="sliding_attention", id="gemma3-sliding"),
     _rope(F.GEMMA3, layer_type="full_attention", id="gemma3-full-linear8"),
     _rope(F.GEMMA4, layer_type="sliding_attention", id="gemma4-sliding"),
-    # the global layers' head_dim lives in per_layer_config (xfail below for to_dict())
+    # the global layers' head_dim lives in per_layer_config (read from to_dict() below)
     _rope(F.GEMMA4, layer_type="full_attention", build="per_layer_config",
           id="gemma4-full-proportional"),
     _rope(F.PHI3, lengths=(8, 40, 8, 16, 17), id="phi3-longrope"),
     _rope(F.PHI4_MINI, lengths=(8, 40, 8), id="phi4_mini-longrope-partial0.75"),
     _rope(F.GPT_NEOX, id="gpt_neox-rotary_pct0.25"),
-    # GPT-J's config has no rope_theta (base 10000 is in its code; xfail below)
+    # GPT-J's config has no rope_theta (base 10000 is in its code; read from it below)
     _rope(F.GPTJ, build="gptj", id="gptj-rotary_dim8-interleaved"),
     _rope(F.DEEPSEEK_V3, id="deepseek_v3-interleave"),
     _rope(F.DEEPSEEK_V3, {"rope_interleave": False}, id="deepseek_v3-half"),
@@ -206,19 +205,16 @@ def test_rope_comparison_can_fail():
             _compare_rope(F.LLAMA, config, F.rotary_module(F.LLAMA, config), rope, (40,), None)
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
-    "read_rope_config(Llama4TextConfig().to_dict()) returns layout 'half', but Llama 4 "
-    "rotates adjacent pairs (modeling_llama4.apply_rotary_emb: view_as_complex on pairs "
-    "(2i, 2i+1)); the config has no rope_interleave key, so the layout must come from the "
-    "family (model_type 'llama4_text')"))
 def test_llama4_layout_read_from_config():
+    """Llama 4 rotates adjacent pairs (modeling_llama4.apply_rotary_emb: view_as_complex on
+    pairs (2i, 2i+1)); its config has no rope_interleave: the layout comes from model_type."""
     torch.manual_seed(0)
     config = F.LLAMA4.make_config()
     assert tp.read_rope_config(config.to_dict()).layout == "interleaved"
 
 
 def test_llama4_needs_the_interleaved_layout(record_property):
-    """What the xfail above costs: Llama 4's RoPE with the half layout gives other scores."""
+    """What reading the half layout would cost: Llama 4's RoPE with it gives other scores."""
     torch.manual_seed(0)
     config = F.LLAMA4.make_config()
     rope = tp.RotaryEmbedding.from_config(config.to_dict(), layout="half")
@@ -228,11 +224,9 @@ def test_llama4_needs_the_interleaved_layout(record_property):
     record_property("score_error_half_layout", str(err.value).split("by ")[1].split("\n")[0])
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
-    "read_rope_config ignores Gemma 4's per-layer head_dim: config.to_dict() keeps the "
-    "global layers' head_dim (global_head_dim) in per_layer_config, so from_config(..., "
-    "layer_type='full_attention') builds head_dim=16 where transformers rotates 32"))
 def test_gemma4_global_head_dim_read_from_config():
+    """Gemma 4's global head_dim is kept in config.to_dict()'s per_layer_config; read for
+    layer_type='full_attention' (transformers rotates 32 features there, 16 elsewhere)."""
     torch.manual_seed(0)
     config = F.GEMMA4.make_config()
     rope = tp.RotaryEmbedding.from_config(config.to_dict(), layer_type="full_attention")
@@ -241,11 +235,9 @@ def test_gemma4_global_head_dim_read_from_config():
     _compare_rope(F.GEMMA4, config, rotary, rope, (12,), "full_attention")
 
 
-@pytest.mark.xfail(strict=True, raises=ValueError, reason=(
-    "read_rope_config cannot read a GPT-J config: it has rotary_dim but no rope_theta / "
-    "rope_parameters (GPT-J's code hard-codes base 10000 and adjacent pairs), so it raises "
-    "'the RoPE base is missing' instead of knowing the family"))
 def test_gptj_read_from_config():
+    """GPT-J's config has rotary_dim but no rope_theta: base 10000 and adjacent pairs from
+    its code (model_type 'gptj')."""
     torch.manual_seed(0)
     config = F.GPTJ.make_config()
     rope = tp.RotaryEmbedding.from_config(config.to_dict())

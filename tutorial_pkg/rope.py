@@ -593,18 +593,22 @@ class RotaryEmbedding(nn.Module):
         self.set_scaling(scaling)
 
     @classmethod
-    def from_config(cls, config, layer_type: str | None = None, **kwargs) -> RotaryEmbedding:
+    def from_config(cls, config, layer_type: str | None = None, *, layout: str | None = None,
+                    **kwargs) -> RotaryEmbedding:
         """The RoPE of a Hugging Face model config (dict or ``PretrainedConfig``).
 
         Reads it with :func:`~tutorial_pkg.rope_config.read_rope_config` (which raises
         ``ValueError`` naming an unknown ``rope_type``, an unknown key or a missing
-        one); ``layer_type`` picks one entry of a per-layer-type ``rope_parameters``
-        (Gemma 3: ``"full_attention"`` / ``"sliding_attention"``). ``kwargs``
-        (``max_position``, ``fused``, ``layout``) go to the constructor.
+        one, and ``layout`` where it cannot know the pair layout: a ``model_type`` it
+        does not know, or none); ``layer_type`` picks one entry of a per-layer-type
+        ``rope_parameters`` (Gemma 3: ``"full_attention"`` / ``"sliding_attention"``);
+        ``layout`` (``"half"``/``"interleaved"``) overrides the config's. ``kwargs``
+        (``max_position``, ``fused``) go to the constructor.
         """
         from .rope_config import read_rope_config
 
-        return cls(**{**read_rope_config(config, layer_type=layer_type).kwargs(), **kwargs})
+        cfg = read_rope_config(config, layer_type=layer_type, layout=layout)
+        return cls(**{**cfg.kwargs(), **kwargs})
 
     def set_scaling(self, scaling: dict | None) -> None:
         """Change the context-extension rule (e.g. at evaluation time); clears the cache."""
