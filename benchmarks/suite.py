@@ -316,9 +316,11 @@ def attention_footprint(
       float32 copies of q, k, v and the softmax output for backward, where the output's
       gradient, the softmax's gradient and the weights are alive at once (``3 S f``).
 
-    Small terms (positions, the causal mask's ``L^2`` booleans, block masks) are
-    counted where they coexist with the large ones; the rest is left to the headroom
-    of :func:`tutorial_pkg.benchmark.fit_problem`.
+    On a GPU, a mask whose last dimension is not a multiple of 16 is copied, padded, by the
+    memory-efficient kernel: one more mask. Small terms (positions, the causal mask's
+    ``L^2`` booleans, block masks) are counted where they coexist with the large ones; the
+    rest (kernels' workspaces, the allocator's rounding) is left to the headroom of
+    :func:`tutorial_pkg.benchmark.fit_problem`.
 
     Args:
         encoding: ``"nope"``, ``"rope"``, ``"alibi"`` or ``"hybrid"``, or ``"none"``
@@ -372,9 +374,13 @@ def attention_footprint(
         build = parts["first call: table built from two float32 biases, rotated q, k"] = (
             2 * table * f + 4 * side * side + parts.get("rotated q, k", 0))
         call += _part(parts, "kernel: log-sum-exp", lse)
-        if _mask_cast(dev, dtype):
+        cast = _mask_cast(dev, dtype)
+        if cast:
             call += _part(parts, "per call: shifted slice, float32, and its 16-bit copy",
                           bias * (f + e))
+        if dev.type != "cpu" and L % 16:
+            call += _part(parts, "kernel: padded copy of the mask (L not a multiple of 16)",
+                          h * L * (L + 16 - L % 16) * (e if cast else f))
         if train:
             call += _part(parts, "kernel: float32 dq accumulator", n * 4)
     elif path == "sdpa-3d-mask":
@@ -388,6 +394,9 @@ def attention_footprint(
                           (4 if train else 3) * scores * f)
         else:
             call += _part(parts, "kernel: log-sum-exp", lse)
+            if L % 16:
+                call += _part(parts, "kernel: padded copy of the mask (L not a multiple of 16)",
+                              h * L * (L + 16 - L % 16) * e)
             if train:
                 call += _part(parts, "kernel: float32 dq accumulator", n * 4)
     elif path == "naive":

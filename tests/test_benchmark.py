@@ -787,21 +787,25 @@ def test_gpu_check_compares_footprints_with_measurements():
         return {"group": "attn L=4096 fwd", "case": case, "footprint_bytes": estimate,
                 "held_bytes": held, "peak_bytes": peak, "error": None, **extra}
 
+    gib = 2**30
     rows = gpu_check.footprint_rows([
         rec("fits", 100 * 2**20, 40 * 2**20, 50 * 2**20),
-        rec("over", 100 * 2**20, 40 * 2**20, 90 * 2**20),  # 130 MiB > 100 MiB + 20 %
+        rec("within headroom", 4 * gib, gib, 4 * gib),  # 5 <= 4 x 1.2 + 0.25 GiB
+        rec("over", 4 * gib, gib, 4 * gib + 200 * 2**20),
         rec("skipped", 100 * 2**20, None, None, error="skipped: ...", skipped=True),
         rec("undeclared", None, 0, 1),
     ])
-    assert [(r["case"], r["over"]) for r in rows] == [("fits", False), ("over", True)]
+    assert [(r["case"], r["over"]) for r in rows] == [
+        ("fits", False), ("within headroom", False), ("over", True)]
     assert rows[0]["measured_mib"] == 90.0 and rows[0]["estimate_mib"] == 100.0
+    assert rows[0]["ratio"] == 0.9
     summary = {"hardware": {"device_name": "GPU", "compute_capability": "7.5"},
                "budget_s": 540, "total_s": 12.0, "as_t4": True, "footprints": rows,
                "stages": [{"name": "05_benchmarking", "status": "error", "cap_s": 210,
                            "seconds": 3.0, "failed_cell": 12, "error": "RuntimeError: x"}]}
     lines = gpu_check.summary_lines(summary)
     assert "compute capability 7.5" in lines[0] and "as a T4" in lines[0]
-    assert "cell 12: RuntimeError: x" in lines[1] and lines[-1].endswith("OVER")
+    assert "cell 12: RuntimeError: x" in lines[1] and "OVER" in lines[-1]
     assert sum(cap for _, cap in gpu_check.CHAPTERS) > gpu_check.BUDGET_S  # hence the order
     assert gpu_check.CHAPTERS[0][0] == "05_benchmarking"
     assert {name for name, _ in gpu_check.CHAPTERS} == {
@@ -814,3 +818,23 @@ def test_gpu_check_without_a_gpu_says_so(tmp_path, capsys):
 
     assert gpu_check.main(["--out", str(tmp_path)]) == 2
     assert "no CUDA GPU" in capsys.readouterr().err
+
+
+def test_cli_memory_limit_skips_with_the_reason_and_records_it(tmp_path, capsys):
+    out = tmp_path / "r.json"
+    assert bs.main(["--quick", "--device", "cpu", "--parts", "attention", "--encodings",
+                    "alibi", "--backends", "sdpa", "--lengths", "32", "--no-memory",
+                    "--no-progress", "--default-malloc", "--memory-limit", "0.3",
+                    "--out", str(out)]) == 0
+    hardware, records = bm.load_results(out)
+    by_case = {r.case: r for r in records}
+    # the articles' float32 buffer, 8 x 2048 x 2048 x 4 = 128 MiB, does not fit 0.3 GiB
+    # with the headroom (128 MiB x 1.2 + 256 MiB); everything else does
+    assert by_case["alibi/article"].skipped and "307.2 MiB available" in by_case[
+        "alibi/article"].error
+    assert all(r.ok for name, r in by_case.items() if name != "alibi/article")
+    assert by_case["alibi/sdpa"].footprint_bytes > 0
+    assert hardware["memory_limit_gib"] == 0.3 and hardware["plan"]["dtype"] == "float32"
+    assert "skipped" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        bs.main(["--quick", "--device", "cpu", "--memory-limit", "0"])
