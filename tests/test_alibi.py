@@ -133,3 +133,67 @@ def test_bias_decreases_with_distance():
     row = bias[:, 9, :]  # last query: keys 0..9
     assert bool((row.diff(dim=-1) > 0).all())  # closer keys get larger bias
     assert bool((bias[:, past] <= 0).all())
+
+
+# --------------------------------------------------------------------------- bias_scale
+@pytest.mark.parametrize("mode", ALIBI_MODES)
+def test_bias_scale_scales_every_hook(mode):
+    """ALiBi(bias_scale=c): bias, key row and score_mod are c times the unscaled ones."""
+    c = 8**-0.5  # Falcon: 1 / sqrt(head_dim)
+    plain, scaled = ALiBi(6, mode=mode), ALiBi(6, mode=mode, bias_scale=c)
+    q_pos = k_pos = torch.arange(7)
+    torch.testing.assert_close(scaled.bias(q_pos, k_pos), c * plain.bias(q_pos, k_pos))
+    torch.testing.assert_close(scaled.slopes, plain.slopes)  # the paper's slopes are kept
+    torch.testing.assert_close(scaled.effective_slopes(), c * plain.slopes)
+    if mode != "symmetric":
+        torch.testing.assert_close(scaled.key_bias(k_pos), c * plain.key_bias(k_pos))
+    score = torch.zeros(())
+    fn = scaled.score_mod(q_offset=2)
+    want = scaled.bias(torch.arange(2, 9), torch.arange(9)).expand(6, 7, 9)
+    for h, i, j in ((0, 0, 1), (3, 4, 2), (5, 6, 8)):
+        got = fn(score, torch.tensor(0), torch.tensor(h), torch.tensor(i), torch.tensor(j))
+        torch.testing.assert_close(got, want[h, i, j])
+
+
+def test_bias_scale_in_the_hybrid_and_checked():
+    from tutorial_pkg.encodings import Hybrid
+
+    hyb = Hybrid(8, 4, bias_scale=0.25)
+    torch.testing.assert_close(hyb.effective_slopes(), 0.25 * alibi_slopes(4))
+    torch.testing.assert_close(hyb.bias(torch.arange(5), torch.arange(5)),
+                               0.25 * alibi_bias(4, 5))
+    for bad in (0.0, -1.0, float("inf")):
+        with pytest.raises(ValueError, match="bias_scale"):
+            ALiBi(4, bias_scale=bad)
+    with pytest.raises(TypeError, match="bias_scale"):
+        ALiBi(4, bias_scale="1")
+
+
+def test_falcon_bf16_recipe_of_the_docstring():
+    """The FalconBF16ALiBi recipe of ALiBi's docstring equals transformers' Falcon
+    build_alibi_tensor (bfloat16 slopes and m_h * j) divided by sqrt(head_dim), for 6
+    heads (slopes not exact in bfloat16) and positions past 256."""
+    falcon = pytest.importorskip("transformers.models.falcon.modeling_falcon")
+
+    class FalconBF16ALiBi(ALiBi):
+        def __init__(self, n_heads, head_dim):
+            super().__init__(n_heads, mode="key_only", bias_scale=head_dim ** -0.5)
+
+        def bias(self, q_pos, k_pos):  # bfloat16 slopes times key positions
+            m = self.slopes.to(k_pos.device).bfloat16()[:, None, None]
+            return (m * k_pos[..., None, None, :]).float() * self.bias_scale
+
+        def key_bias(self, k_pos):
+            return self.bias(k_pos, k_pos)
+
+    H, head_dim, s = 6, 16, 300
+    mask = torch.ones(2, s, dtype=torch.long)
+    mask[1, :5] = 0  # left padding: Falcon counts positions from the first real token
+    want = falcon.build_alibi_tensor(mask, H, torch.float32).view(2, H, 1, s)
+    want = want / math.sqrt(head_dim)
+    k_pos = ((mask.cumsum(-1) - 1) * mask)  # Falcon's positions (0 at padding)
+    enc = FalconBF16ALiBi(H, head_dim)
+    for got in (enc.bias(k_pos, k_pos), enc.key_bias(k_pos)):
+        assert (got - want).abs().max() <= 1e-6 * want.abs().max()
+    exact = ALiBi(H, mode="key_only", bias_scale=head_dim**-0.5).bias(k_pos, k_pos)
+    assert (exact - want).abs().max() > 1e-4  # the rounding the recipe reproduces

@@ -1,7 +1,9 @@
 """Attention with Linear Biases (ALiBi; Press et al., 2022). Chapter 3.
 
 Each head ``h`` adds ``-m_h * distance`` to its attention scores (after the
-``1/sqrt(d)`` scaling of ``q.k``; the bias itself is *not* divided by ``sqrt(d)``).
+``1/sqrt(d)`` scaling of ``q.k``; the bias itself is *not* divided by ``sqrt(d)``, as
+in the paper, BLOOM and MPT; Falcon divides it: :class:`~tutorial_pkg.encodings.ALiBi`'s
+``bias_scale=head_dim ** -0.5``).
 The slopes ``m_h`` are a geometric sequence; :func:`alibi_slopes` reproduces the
 reference ``get_slopes`` of the paper's code for every head count.
 

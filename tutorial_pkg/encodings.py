@@ -45,6 +45,7 @@ from ._checks import (
     check_device,
     check_even,
     check_float_tensor,
+    check_positive_float,
     check_positive_int,
     values_readable,
 )
@@ -339,28 +340,61 @@ class ALiBi(PositionEncoding):
         n_heads: number of query heads (one slope each).
         mode: ``"causal"`` (``-m(i-j)``), ``"key_only"`` (``m j``) or
             ``"symmetric"`` (``-m|i-j|``, for encoders).
+        bias_scale: a positive factor of the bias (default 1: the paper's, not divided
+            by ``sqrt(d)``). Falcon (``alibi=True``) divides it by ``sqrt(head_dim)``:
+            ``ALiBi(n_heads, bias_scale=head_dim ** -0.5)``. Every hook (:meth:`bias`,
+            :meth:`score_mod`, :meth:`key_bias`) applies it, as slopes ``m_h * bias_scale``
+            (:meth:`effective_slopes`; :attr:`slopes` stay the paper's).
+
+    **Falcon's bfloat16.** Falcon's ``build_alibi_tensor`` rounds the slopes and each
+    ``m_h * j`` to bfloat16 whatever the model's dtype; the package keeps slopes and
+    bias in float32 (DESIGN.md). With a power-of-two head count the slopes are powers
+    of two, so both are exact while key positions stay below 256 and the outputs agree;
+    past that, or with another head count, they differ by that rounding (relative
+    ``2**-9`` of the bias). To reproduce it, override the hooks with Falcon's arithmetic
+    in the key-only form (its form)::
+
+        class FalconBF16ALiBi(ALiBi):
+            def __init__(self, n_heads, head_dim):
+                super().__init__(n_heads, mode="key_only", bias_scale=head_dim ** -0.5)
+
+            def bias(self, q_pos, k_pos):  # bfloat16 slopes times key positions
+                m = self.slopes.to(k_pos.device).bfloat16()[:, None, None]
+                return (m * k_pos[..., None, None, :]).float() * self.bias_scale
+
+            def key_bias(self, k_pos):  # the same row, for the "auto" backend
+                return self.bias(k_pos, k_pos)
+
+    with the ``"naive"``, ``"sdpa"`` or ``"auto"`` backend (its :meth:`score_mod`, for
+    ``"flex"``, stays float32). tests/test_alibi.py holds this recipe to transformers'
+    ``build_alibi_tensor``.
     """
 
     name = "alibi"
 
-    def __init__(self, n_heads: int, *, mode: str = "causal") -> None:
+    def __init__(self, n_heads: int, *, mode: str = "causal", bias_scale: float = 1.0) -> None:
         super().__init__()
         self.n_heads = check_positive_int("n_heads", n_heads)
         self.mode = check_choice("mode", mode, ALIBI_MODES)
+        self.bias_scale = check_positive_float("bias_scale", bias_scale)
         self.register_buffer("slopes", alibi_slopes(n_heads), persistent=False)
 
+    def effective_slopes(self) -> torch.Tensor:
+        """The slopes the hooks apply: ``m_h * bias_scale``."""
+        return self.slopes if self.bias_scale == 1.0 else self.slopes * self.bias_scale
+
     def bias(self, q_pos, k_pos):
-        return _alibi_bias(self.slopes, q_pos, k_pos, self.mode)
+        return _alibi_bias(self.effective_slopes(), q_pos, k_pos, self.mode)
 
     def score_mod(self, q_offset=0, q_pos=None, k_pos=None):
-        return alibi_score_mod(self.slopes, mode=self.mode, q_offset=q_offset,
+        return alibi_score_mod(self.effective_slopes(), mode=self.mode, q_offset=q_offset,
                                q_pos=q_pos, k_pos=k_pos)
 
     def key_bias(self, k_pos):
         # -m (i - j) = m j - m i: the key-only row, for the causal and key_only forms
         if self.mode == "symmetric":
             return None
-        return _alibi_bias(self.slopes, k_pos, k_pos, "key_only")
+        return _alibi_bias(self.effective_slopes(), k_pos, k_pos, "key_only")
 
     def _apply(self, fn, *args, **kwargs):
         out = super()._apply(fn, *args, **kwargs)
@@ -392,6 +426,7 @@ class Hybrid(PositionEncoding):
         alpha: weight of the RoPE scores for ``mix="alpha"`` (in ``[0, 1]``).
         learnable_scale: learn a per-head multiplier of the ALiBi slopes.
         mode: ALiBi form, see :class:`ALiBi`.
+        bias_scale: a fixed factor of the ALiBi bias, see :class:`ALiBi`.
         layout, rotary_dim, scaling, max_position, fused: as for :class:`Rotary`.
     """
 
@@ -408,6 +443,7 @@ class Hybrid(PositionEncoding):
         alpha: float = 0.5,
         learnable_scale: bool = False,
         mode: str = "causal",
+        bias_scale: float = 1.0,
         layout: str = "half",
         rotary_dim: int | None = None,
         scaling: dict | None = None,
@@ -417,7 +453,7 @@ class Hybrid(PositionEncoding):
         super().__init__()
         self.rotary = Rotary(head_dim, base, rotary_dim=rotary_dim, layout=layout,
                              scaling=scaling, max_position=max_position, fused=fused)
-        self.alibi = ALiBi(n_heads, mode=mode)
+        self.alibi = ALiBi(n_heads, mode=mode, bias_scale=bias_scale)
         self.head_dim, self.n_heads = self.rotary.head_dim, self.alibi.n_heads
         self.max_positions = self.rotary.max_positions
         self.mode = self.alibi.mode
@@ -441,8 +477,9 @@ class Hybrid(PositionEncoding):
         return self.alibi.slopes
 
     def effective_slopes(self) -> torch.Tensor:
-        """Slopes actually applied: ``m_h * s_h`` (times ``1 - alpha`` for ``mix='alpha'``)."""
-        slopes = self.alibi.slopes
+        """Slopes actually applied: ``m_h * bias_scale * s_h`` (times ``1 - alpha`` for
+        ``mix='alpha'``)."""
+        slopes = self.alibi.effective_slopes()
         if self.learnable_scale:
             slopes = slopes * self.log_scale.exp()
         if self.mix == "alpha":
