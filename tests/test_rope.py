@@ -467,3 +467,34 @@ def test_fused_rope_positions_scaling_and_gradients():
         grads.append((xq.grad, xk.grad))
     for got, want in zip(*grads, strict=True):
         torch.testing.assert_close(got, want)
+
+
+# --------------------------------------------------------------------------- HF's tables
+def _hf_tables(s: int, r: int, base: float = 10_000.0):
+    """Hugging Face's form: ``[b, 1, s, r]``, the ``r/2`` angles twice (cat(freqs, freqs))."""
+    ang = rope_angles(s, inv_freq(r, base))
+    emb = torch.cat((ang, ang), dim=-1)[None, None].expand(2, 1, s, r)
+    return emb.cos(), emb.sin(), ang
+
+
+@pytest.mark.parametrize("r", [4, 8, 12, 16])
+def test_apply_rope_refuses_hf_duplicated_tables(r):
+    """HF's duplicated-halves tables are refused, saying how to pass them (by value where
+    they fit the shape check, by shape where they cover more than h_d features); their
+    first half is the package's form and rotates as rotate_half does."""
+    x = torch.randn(2, 3, 10, 16)
+    cos, sin, ang = _hf_tables(10, r)
+    with pytest.raises(ValueError, match=r"cos\[\.\.\., : cos.shape\[-1\] // 2\]"):
+        apply_rope(x, cos, sin)
+    got = apply_rope(x, cos[..., : r // 2], sin[..., : r // 2])
+    emb = torch.cat((ang, ang), dim=-1)
+    want = torch.cat((x[..., :r] * emb.cos() + rotate_half(x[..., :r]) * emb.sin(),
+                      x[..., r:]), dim=-1)
+    torch.testing.assert_close(got, want)
+
+
+def test_apply_rope_accepts_tables_with_equal_halves_that_do_not_rotate():
+    """Position 0 alone (cos 1, sin 0): both readings are the identity, nothing to refuse."""
+    x = torch.randn(1, 1, 1, 16)
+    cos, sin = torch.ones(1, 8), torch.zeros(1, 8)
+    torch.testing.assert_close(apply_rope(x, cos, sin), x)

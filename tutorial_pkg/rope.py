@@ -42,6 +42,7 @@ from ._checks import (
     check_float_tensor,
     check_positive_float,
     check_positive_int,
+    values_readable,
 )
 from .rope_scaling import (
     dynamic_ntk_scaling,
@@ -202,6 +203,18 @@ def apply_rope(
     Partial rotary: when ``cos`` has ``r/2`` columns with ``r < h_d``, only the
     first ``r`` features are rotated and the rest pass through (GPT-NeoX style).
 
+    **One column per pair, not Hugging Face's tables.** ``cos``/``sin`` hold one angle
+    per rotated pair, ``[..., r/2]`` (what :meth:`RotaryEmbedding.cos_sin` returns).
+    Hugging Face's rotary embeddings return ``[b, s, r]`` with the halves duplicated
+    (``cat(freqs, freqs)``); read as pairs, those would rotate ``2r`` features by the
+    wrong angles. Pass their first half, ``cos[..., : r // 2]`` and ``sin[..., : r // 2]``
+    (``[:, None]`` for the head axis), with ``layout="half"``. ``apply_rope`` refuses
+    HF's form with a ``ValueError`` saying so: by shape where it covers more than
+    ``h_d`` features (full rotary), and by value (both halves of ``cos`` and of ``sin``
+    equal, some angle not 0) where it fits, which it checks where reading the
+    tables is free (a CPU tensor, outside compilation; not on a GPU, where the read
+    would synchronise, so there only the shape check runs).
+
     Args:
         x: ``[..., s, h_d]`` queries or keys (e.g. ``[b, n_h, s, h_d]``).
         cos: ``[s, r/2]`` (or broadcastable, e.g. ``[b, 1, s, r/2]``), float32.
@@ -213,6 +226,12 @@ def apply_rope(
     """
     check_float_tensor("x", x)  # an integer x would silently truncate cos/sin to 0/1
     _check_cos_sin(x, cos, sin)
+    _refuse_hf_tables(cos, sin)
+    return _rope(x, cos, sin, layout)
+
+
+def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: str) -> torch.Tensor:
+    """:func:`apply_rope` on checked arguments (the package's own tables), no checks."""
     half = cos.shape[-1]
     rot = 2 * half
     # Cast the (fp32-computed) cos/sin once to x's dtype: the product then runs in
@@ -232,6 +251,12 @@ def apply_rope(
     return out
 
 
+_HF_TABLES = ("Hugging Face's rotary tables are [b, s, r] with the halves duplicated "
+              "(cat(freqs, freqs)); apply_rope takes one column per pair: pass "
+              "cos[..., : cos.shape[-1] // 2] and sin[..., : sin.shape[-1] // 2] "
+              "(and [:, None] for the head axis)")
+
+
 def _check_cos_sin(x: torch.Tensor, cos, sin) -> None:
     for name, t in (("cos", cos), ("sin", sin)):
         check_float_tensor(name, t)
@@ -240,7 +265,8 @@ def _check_cos_sin(x: torch.Tensor, cos, sin) -> None:
                          f"and {tuple(sin.shape)}")
     if cos.dim() == 0 or 2 * cos.shape[-1] > x.shape[-1]:
         raise ValueError(f"cos/sin cover {2 * cos.shape[-1] if cos.dim() else 0} features but "
-                         f"x has {x.shape[-1]} (they must cover an even number <= it)")
+                         f"x has {x.shape[-1]} (one column per rotated pair: they must cover "
+                         f"an even number <= it). {_HF_TABLES}")
     try:
         fits = torch.broadcast_shapes(cos.shape[:-1], x.shape[:-1]) == x.shape[:-1]
     except RuntimeError:
@@ -250,6 +276,20 @@ def _check_cos_sin(x: torch.Tensor, cos, sin) -> None:
             f"cos/sin of shape {tuple(cos.shape)} must broadcast to x's {tuple(x.shape[:-1])} "
             f"(one row per position of x: slice the table, cos[start:start + s])"
         )
+
+
+def _refuse_hf_tables(cos: torch.Tensor, sin: torch.Tensor) -> None:
+    """Raise where ``cos``/``sin`` are Hugging Face's duplicated-halves tables: both halves
+    equal and some angle not 0 (distinct frequencies never give equal halves then). Reads
+    the tables, so only where that is free (:func:`~tutorial_pkg._checks.values_readable`)."""
+    w = cos.shape[-1]
+    if w % 2 or not values_readable(cos) or not values_readable(sin):
+        return
+    h = w // 2
+    if (torch.equal(cos[..., :h], cos[..., h:]) and torch.equal(sin[..., :h], sin[..., h:])
+            and bool(sin.ne(0).any())):
+        raise ValueError(f"cos/sin of shape {tuple(cos.shape)} have equal halves: they look like "
+                         f"{_HF_TABLES[0].lower()}{_HF_TABLES[1:]}")
 
 
 def _apply_rope_fast(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: str):
@@ -272,7 +312,7 @@ def _apply_rope_fast(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layo
     """
     half = cos.shape[-1]
     if 2 * half != x.shape[-1]:
-        return apply_rope(x, cos, sin, layout)
+        return _rope(x, cos, sin, layout)
     c, s = cos.to(x.dtype), sin.to(x.dtype)
     if layout == "half":
         if _chunkable(x, c):
