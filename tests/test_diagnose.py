@@ -159,6 +159,45 @@ def test_check_kv_cache_hf_convention(learned_lm, ids):
     assert bad.scenarios["decode"][0] == 1 and "position 1" in str(bad)
 
 
+class ToyHF5:
+    """transformers 5.24's names: ``cache=``, ``use_cache`` (default off, as MPT's config),
+    the cache back as ``.cache``; none when not asked for."""
+
+    def __init__(self, lm):
+        self.lm, self.calls = lm, []
+
+    def __call__(self, input_ids, position_ids=None, cache=None, use_cache=None,
+                 attention_mask=None, **kwargs):
+        assert "past_key_values" not in kwargs
+        self.calls.append(use_cache)
+        caches = cache if use_cache and cache is not None else self.lm.new_caches()
+        padding = None if attention_mask is None else attention_mask == 0
+        logits = self.lm(input_ids, positions=position_ids, caches=caches,
+                         key_padding_mask=padding)
+        return SimpleNamespace(logits=logits, cache=caches if use_cache else None)
+
+
+def test_check_kv_cache_hf_convention_current_names(learned_lm, ids):
+    """The cache is asked for (use_cache=True on each step, False on the full pass) and
+    passed as ``cache``; a model that returns none is an error, not a wrong report."""
+    model = ToyHF5(learned_lm)
+    adapter = dg.HFAdapter(model)
+    adapter.start = lambda: learned_lm.new_caches()  # a cache object of its own kind
+    assert dg.check_kv_cache(adapter, ids).ok
+    assert set(model.calls) == {True, False}
+
+    class NoCache(ToyHF5):
+        def __call__(self, *args, use_cache=None, **kwargs):
+            return super().__call__(*args, use_cache=False, **kwargs)
+
+    with pytest.raises(ValueError, match="returned no cache"):
+        dg.check_kv_cache(NoCache(learned_lm), ids, convention="hf")
+
+
+def test_hf_adapter_start_without_a_config_makes_no_cache(learned_lm):
+    assert dg.HFAdapter(ToyHF(learned_lm)).start() is None
+
+
 # --------------------------------------------------------------------------- masking
 def naive_attention(x, key_padding_mask=None, document_ids=None, causal=True, nan_safe=True):
     """softmax(q k^T) v on x [b, s, d] used as q, k and v, with a -inf mask."""

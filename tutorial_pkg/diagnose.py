@@ -165,8 +165,10 @@ class RopeReport(Report):
     def _lines(self):
         base = "-" if self.base is None else f"{self.base:g}"
         limit = None if self.tol is None else self.tol * max(1.0, self.magnitude**2)
-        deviation = (f"<= {_bound(limit)}" if limit is not None and self.relative_error <= limit
-                     else _measured(self.relative_error))
+        if limit is None or self.relative_error > limit:
+            deviation = _measured(self.relative_error)
+        else:  # tol itself where it holds: a magnitude of 1 + 1e-7 must not print 2e-05
+            deviation = f"<= {_bound(self.tol if self.relative_error <= self.tol else limit)}"
         return [f"layout {self.layout}, base {base}, rotary_dim {self.rotary_dim} of "
                 f"{self.head_dim} ({len(self.unrotated)} features unrotated)",
                 f"scores depend only on m - n: max deviation {deviation}",
@@ -440,31 +442,72 @@ class TutorialAdapter:
 class HFAdapter(TutorialAdapter):
     """The Hugging Face convention, for :func:`check_kv_cache`.
 
-    ``model(input_ids, position_ids=, past_key_values=, attention_mask=)``
-    (``inputs_embeds=`` for float inputs) returning an object with ``.logits`` and
-    ``.past_key_values`` or a tuple ``(logits, past_key_values)``; ``attention_mask``
-    is ``1`` for real tokens, over past and new tokens, and only passed with padding.
+    A transformers causal LM (or any callable with its signature): each decoding step
+    is ``model(input_ids, position_ids=, cache=, use_cache=True, attention_mask=)``
+    (``inputs_embeds=`` for float inputs); the full pass has ``use_cache=False``. The
+    cache is asked for explicitly, so a model whose config says ``use_cache=False``
+    (MPT's) still decodes through one. :meth:`start` returns an empty
+    ``transformers.DynamicCache`` built from ``model.config`` (transformers is imported
+    there, when a check runs, never by this module), or ``None`` for a model without a
+    ``config`` or where transformers is not installed (the model then makes its own). The cache argument is named as the
+    model's ``forward`` names it: ``cache`` (transformers >= 5.24) or
+    ``past_key_values`` (earlier; 5.24 still accepts it, with a deprecation warning);
+    the cache comes back as the output's ``.cache`` (``.past_key_values`` before),
+    or as the second item of a tuple ``(logits, cache)``. ``attention_mask`` is ``1``
+    for real tokens, over past and new tokens, and only passed with padding.
     """
 
     def start(self):
-        return None
+        config = getattr(self.model, "config", None)
+        if config is None:  # not a transformers model: it makes its own cache
+            return None
+        try:
+            from transformers import DynamicCache
+        except ImportError:  # a model of this convention without transformers
+            return None
+        return DynamicCache(config=config)
 
-    def _run(self, inputs, positions, padding, cache):
+    def _params(self):
+        import inspect
+
+        fn = getattr(self.model, "forward", self.model)
+        try:
+            params = inspect.signature(fn).parameters
+        except (TypeError, ValueError):  # no signature to read: the current names
+            return {"cache", "use_cache"}, True
+        any_kw = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+        return set(params), any_kw
+
+    def _run(self, inputs, positions, padding, cache, use_cache):
+        names, any_kw = self._params()
+        cache_name = "past_key_values" if (
+            "cache" not in names and "past_key_values" in names) else "cache"
         kw = {"inputs_embeds" if inputs.is_floating_point() else "input_ids": inputs,
-              "position_ids": positions if self.pass_positions else None,
-              "past_key_values": cache}
+              "position_ids": positions if self.pass_positions else None}
+        if use_cache or cache is not None:
+            kw[cache_name] = cache
+        if "use_cache" in names or any_kw:
+            kw["use_cache"] = use_cache
         if padding is not None:
             kw["attention_mask"] = (~padding).long()
         out = self.model(**kw)
         if isinstance(out, tuple):
-            return out[0], out[1]
-        return out.logits, out.past_key_values
+            return out[0], (out[1] if len(out) > 1 else None)
+        fields = getattr(out, "__dataclass_fields__", None) or {}
+        name = "cache" if "cache" in fields or not fields and hasattr(out, "cache") else (
+            "past_key_values")
+        return out.logits, getattr(out, name, None)
 
     def full(self, inputs, positions, padding):
-        return self._run(inputs, positions, padding, None)[0]
+        return self._run(inputs, positions, padding, None, False)[0]
 
     def step(self, chunk, positions, padding, cache):
-        return self._run(chunk, positions, padding, cache)
+        out, cache = self._run(chunk, positions, padding, cache, True)
+        if cache is None:
+            raise ValueError("the model returned no cache from a step with use_cache=True: "
+                             "it cannot decode through a cache (write an adapter for its "
+                             "loop, see TutorialAdapter)")
+        return out, cache
 
 
 @dataclass(repr=False)
