@@ -449,9 +449,10 @@ class HFAdapter(TutorialAdapter):
     (MPT's) still decodes through one. :meth:`start` returns an empty
     ``transformers.DynamicCache`` built from ``model.config`` (transformers is imported
     there, when a check runs, never by this module), or ``None`` for a model without a
-    ``config`` or where transformers is not installed (the model then makes its own). The cache argument is named as the
-    model's ``forward`` names it: ``cache`` (transformers >= 5.24) or
-    ``past_key_values`` (earlier; 5.24 still accepts it, with a deprecation warning);
+    ``config`` or where transformers is not installed (the model then makes its own).
+    The cache argument is named as the model's ``forward`` names it: ``cache``
+    (transformers >= 5.24) or ``past_key_values`` (earlier; 5.24 still accepts it,
+    with a deprecation warning);
     the cache comes back as the output's ``.cache`` (``.past_key_values`` before),
     or as the second item of a tuple ``(logits, cache)``. ``attention_mask`` is ``1``
     for real tokens, over past and new tokens, and only passed with padding.
