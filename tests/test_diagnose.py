@@ -334,3 +334,32 @@ def test_readme_diagnose_snippet_runs():
     snippet = re.search(r"<!-- diagnose-snippet.*?-->\n```python\n(.*?)```", readme, re.S)
     assert snippet, "README.md has no diagnose snippet"
     exec(compile(snippet.group(1), "README.md", "exec"), {})  # the asserts inside must hold
+
+
+# --------------------------------------------------------------------------- permuted output
+@pytest.mark.parametrize("layout", ["half", "interleaved"])
+def test_probe_rope_sees_through_an_output_permutation(layout):
+    """A RoPE that returns its features permuted (DeepSeek-V3 de-interleaves) is still a
+    relative rotation: the report gives the input's layout and base, and the permutation."""
+    rope = tp.RotaryEmbedding(16, 500_000.0, layout=layout)
+    perm = torch.randperm(16, generator=torch.Generator().manual_seed(3))
+    report = dg.probe_rope(lambda x: rope.rotate(x)[..., perm], 16)
+    assert report.ok, str(report)
+    assert (report.layout, report.base, report.rotary_dim) == (layout, 500_000.0, 16)
+    assert [report.output_permutation[int(j)] for j in perm] == list(range(16))
+    assert "output permuted" in str(report) and "scores unaffected" in str(report)
+    plain = dg.probe_rope(rope.rotate, 16)
+    assert plain.output_permutation is None and "permuted" not in str(plain)
+
+
+def test_probe_rope_names_a_de_interleaved_output():
+    """Adjacent pairs in, evens' results first and odds' second out (DeepSeek-V3's form),
+    here with 8 of 12 features rotated."""
+    rope = tp.RotaryEmbedding(12, rotary_dim=8, layout="interleaved")
+    order = torch.tensor([0, 2, 4, 6, 1, 3, 5, 7, 8, 9, 10, 11])
+    report = dg.probe_rope(lambda x: rope.rotate(x)[..., order], 12)
+    assert report.ok, str(report)
+    assert (report.layout, report.rotary_dim, report.unrotated) == ("interleaved", 8,
+                                                                    [8, 9, 10, 11])
+    assert "interleaved, de-interleaved output" in str(report)
+

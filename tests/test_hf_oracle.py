@@ -891,12 +891,10 @@ def test_probe_rope_reads_hf_families(fam, layout, rotary_dim, base):
     assert (report.layout, report.rotary_dim, report.base) == (layout, rotary_dim, base)
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
-    "probe_rope on DeepSeek-V3's apply_rotary_pos_emb_interleave reports 'features are not "
-    "rotated in pairs: not a RoPE rotation' (layout 'other'), a false alarm: it rotates "
-    "adjacent pairs and returns the features de-interleaved (a fixed permutation; its "
-    "scores depend only on m - n, max deviation ~1e-7)"))
 def test_probe_rope_deepseek_interleave():
+    """DeepSeek-V3's apply_rotary_pos_emb_interleave rotates adjacent pairs and returns the
+    features de-interleaved (a fixed permutation; its scores depend only on m - n, max
+    deviation ~1e-7): probe_rope reports the interleaved layout, not a false alarm."""
     config = F.DEEPSEEK_V3.make_config()
     report = diagnose.probe_rope(_hf_rope_fn(F.DEEPSEEK_V3, config),
                                  head_dim=config.qk_rope_head_dim, dtype=torch.float64)

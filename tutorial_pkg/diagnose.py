@@ -9,7 +9,9 @@ claims, not rounding noise: a residual that passes is printed as the bound it pa
 values are the report's attributes.
 
 * :func:`probe_rope`: what a RoPE function does: half or interleaved pairs, its
-  base, partial rotary, and whether scores depend only on ``m - n``.
+  base, partial rotary, and whether scores depend only on ``m - n``; a function that
+  returns the rotated features permuted (DeepSeek-V3's de-interleaved output) is
+  judged by the rotation behind the permutation, which the report names.
 * :func:`probe_rope_precision`: how far its output drifts from a float64
   reference with position, in the dtype you run (the bf16-angles bug).
 * :func:`check_kv_cache`: token-by-token decoding against one full forward pass,
@@ -146,6 +148,10 @@ class RopeReport(Report):
         problems: what is wrong, in words (empty when ``ok``).
         tol: the tolerance of the checks (``relative_error`` may reach
             ``tol * max(1, magnitude ** 2)``).
+        output_permutation: ``None``, or where the function puts input feature ``i``
+            of a rotation in its output (``output_permutation[i]``) when it returns the
+            features permuted (DeepSeek-V3's de-interleaved output). ``layout``,
+            ``pairs`` and ``unrotated`` then describe the input features.
     """
 
     layout: str | None
@@ -161,6 +167,7 @@ class RopeReport(Report):
     notes: list = field(default_factory=list)
     problems: list = field(default_factory=list)
     tol: float | None = None
+    output_permutation: list | None = None
 
     def _lines(self):
         base = "-" if self.base is None else f"{self.base:g}"
@@ -169,7 +176,11 @@ class RopeReport(Report):
             deviation = _measured(self.relative_error)
         else:  # tol itself where it holds: a magnitude of 1 + 1e-7 must not print 2e-05
             deviation = f"<= {_bound(self.tol if self.relative_error <= self.tol else limit)}"
-        return [f"layout {self.layout}, base {base}, rotary_dim {self.rotary_dim} of "
+        layout = self.layout
+        if self.output_permutation is not None:
+            layout += (", de-interleaved output" if _deinterleaved(self.output_permutation)
+                       else ", output permuted")
+        return [f"layout {layout}, base {base}, rotary_dim {self.rotary_dim} of "
                 f"{self.head_dim} ({len(self.unrotated)} features unrotated)",
                 f"scores depend only on m - n: max deviation {deviation}",
                 *("note: " + n for n in self.notes)]
@@ -194,7 +205,12 @@ def probe_rope(
     shape (or a tuple whose first item is one: wrap a ``(q, k)`` function as
     ``lambda x: f(x, x)[0]``). It is called on unit vectors ``e_i`` (batch ``h_d``)
     and on random vectors (batch 8): the image of ``e_i`` at position ``m`` tells
-    which feature ``i`` is paired with and by which angle it turns.
+    which feature ``i`` is paired with and by which angle it turns. Where position 0
+    maps the features to a permutation of themselves (DeepSeek-V3's
+    ``apply_rotary_pos_emb_interleave`` returns evens' results first, odds' second),
+    that permutation is undone first and reported (``output_permutation``, a note):
+    scores do not see a permutation q and k share, so the layout reported is that of
+    the input pairs.
 
     Args:
         rope: the function to probe.
@@ -235,6 +251,9 @@ def probe_rope(
     scores = qs @ ks.transpose(-1, -2)  # [8, s, s]
     relative_error = float((scores[:, 1:, 1:] - scores[:, :-1, :-1]).abs().max())
     problems, notes = [], []
+    img, output_permutation = _undo_output_permutation(img, tol)
+    if output_permutation is not None:
+        notes.append(_permutation_note(output_permutation))
     eye = torch.eye(d, dtype=torch.float64)
     moved = (img - eye[:, None, :]).abs().amax(dim=(1, 2))
     unrotated = [i for i in range(d) if moved[i] <= tol]
@@ -297,7 +316,50 @@ def probe_rope(
     if expect_base is not None and (base is None or abs(base / expect_base - 1) > 1e-3):
         problems.append(f"base is {base}, expected {expect_base:g}")
     return RopeReport(layout, base, d, 2 * len(pairs), pairs, unrotated, freqs, scale,
-                      magnitude, relative_error, notes, problems, tol)
+                      magnitude, relative_error, notes, problems, tol, output_permutation)
+
+
+def _undo_output_permutation(img: torch.Tensor, tol: float):
+    """``img`` ``[i, m, :] = rope(e_i)`` at position ``m``, with a fixed permutation of the
+    output features undone, and that permutation (``None``: none).
+
+    At position 0 a rotation is the identity (times the attention factor on the rotated
+    features); a function whose position-0 image is a permutation matrix returns its
+    features permuted (DeepSeek-V3's ``apply_rotary_pos_emb_interleave`` rotates adjacent
+    pairs and returns evens' results first, odds' second). Scores ``q . k`` do not see a
+    permutation that q and k share, so the probe judges the rotation behind it.
+    """
+    d = img.shape[0]
+    at0 = img[:, 0, :]
+    perm = at0.abs().argmax(dim=1)  # perm[i]: the output feature input i lands in
+    if torch.equal(perm, torch.arange(d)) or len(set(perm.tolist())) != d:
+        return img, None
+    rows = torch.arange(d)
+    values = at0[rows, perm]
+    rest = at0.clone()
+    rest[rows, perm] = 0
+    if not bool((values > 0).all()) or float(rest.abs().max()) > tol * float(values.max()):
+        return img, None
+    return img[:, :, perm], perm.tolist()  # output feature k of input order = perm[k]
+
+
+def _deinterleaved(perm: list) -> bool:
+    """Whether ``perm`` (input ``i`` -> output ``perm[i]``) de-interleaves: ``2i -> i`` and
+    ``2i + 1 -> r/2 + i`` over the first ``r`` features, the rest in place."""
+    d = len(perm)
+    for r in range(d - d % 2, 1, -2):
+        want = [i // 2 if i % 2 == 0 else r // 2 + i // 2 for i in range(r)] + list(range(r, d))
+        if perm == want:
+            return True
+    return False
+
+
+def _permutation_note(perm: list) -> str:
+    if _deinterleaved(perm):
+        return ("output de-interleaved (evens' results first, odds' second: DeepSeek-V3's "
+                "apply_rotary_pos_emb_interleave); scores unaffected, layout is the input's")
+    return ("output features permuted (a fixed permutation: scores unaffected when q and k "
+            "share it); layout is the input's")
 
 
 # --------------------------------------------------------------------------- precision
