@@ -1,0 +1,106 @@
+"""Stored outputs another x86-64 CPU reproduces (nbval compares every stored text output).
+
+A residual such as ``3.81e-06`` has digits that depend on how the CPU's kernels round, and
+a trained model's perplexity on how its training rounded: the chapters print the claim (a
+bound, a verdict, a value recorded in ``book/data``), and the diagnose reports print a
+passing residual as the bound it passed.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from pathlib import Path
+
+import pytest
+import torch
+
+import tutorial_pkg as tp
+from tutorial_pkg import diagnose as dg
+from tutorial_pkg.model import TinyLM
+
+ROOT = Path(__file__).resolve().parents[1]
+# the pattern of the repository's notebook hook: 1.23e-05 and smaller, in scientific notation
+RESIDUAL = re.compile(r"\b\d\.\d+e-(?:0[5-9]|1\d|[2-9]\d)\b")
+
+
+def compared_text(nb_path):
+    """(cell index, text) of every output nbval compares (cells without nbval-ignore-output)."""
+    nb = json.loads(nb_path.read_text(encoding="utf-8"))
+    for i, cell in enumerate(nb["cells"]):
+        if cell["cell_type"] != "code" or "nbval-ignore-output" in cell["metadata"].get("tags", []):
+            continue
+        for out in cell.get("outputs", []):
+            plain = out.get("data", {}).get("text/plain", "")
+            yield i, "".join(out.get("text", "")) + "".join(plain)
+
+
+@pytest.mark.parametrize("nb_path", sorted((ROOT / "book").glob("*.ipynb")), ids=lambda p: p.name)
+def test_compared_outputs_print_no_rounding_residual(nb_path):
+    found = [(i, m) for i, text in compared_text(nb_path) for m in RESIDUAL.findall(text)]
+    assert not found, f"print the bound the claim needs, not the residual (cell, value): {found}"
+
+
+def test_debugging_reference_records_values_a_tolerance_and_how_it_was_made():
+    ref = json.loads((ROOT / "book/data/debugging_reference.json").read_text())
+    assert 0 < ref["rtol"] <= 0.05
+    assert ref["values"] and all(isinstance(v, float) and math.isfinite(v) and v > 0
+                                 for v in ref["values"].values())
+    made = ref["produced_by"]
+    assert "RECORD_REFERENCE=1" in made["command"] and "09_debugging.ipynb" in made["command"]
+    assert made["device"] == "cpu" and made["cpu_capability"] and made["torch"]
+
+
+def rope_fn(layout):
+    rope = tp.RotaryEmbedding(32, layout=layout)
+    return lambda x: rope(x, x)[0]
+
+
+def passing_reports():
+    torch.manual_seed(0)
+    model = TinyLM(tp.make_encoding("rope", d_model=32, n_heads=4), d_model=32, n_layers=1,
+                   n_heads=4).eval()
+    ids = torch.randint(0, 256, (2, 12))
+    docs = torch.repeat_interleave(torch.arange(2), 6)[None].expand(2, 12)
+    w_q, w_k = torch.randn(4 * 8, 32), torch.randn(4 * 8, 32)
+    return {
+        "rope": dg.probe_rope(rope_fn("half"), 32),
+        "kv cache": dg.check_kv_cache(model, ids),
+        "masking": dg.probe_masking(
+            lambda x, document_ids: model(x, positions=tp.positions_from_documents(document_ids),
+                                          document_ids=document_ids), ids, document_ids=docs),
+        "alibi": dg.probe_alibi(lambda n: tp.alibi_bias(tp.alibi_slopes(6), n), 6, seq_len=64),
+        "conversion": dg.check_weight_conversion(
+            w_q, w_k, tp.interleaved_to_half(w_q, 4), tp.interleaved_to_half(w_k, 4), n_heads=4),
+    }
+
+
+def test_passing_reports_print_the_bound_they_passed_not_the_residual():
+    reports = passing_reports()
+    for name, report in reports.items():
+        text = str(report)
+        assert report.ok, text
+        assert not RESIDUAL.search(text), (name, text)
+    assert "max deviation <= 1e-05" in str(reports["rope"])
+    assert "within atol 0.0001 + rtol 0.001" in str(reports["kv cache"])
+    assert "packed vs alone: max |diff| <= 0.0001" in str(reports["masking"])
+    assert "bias rounding: max <= 0.05 nats" in str(reports["alibi"])
+    assert "score error per head: max <= 1e-06" in str(reports["conversion"])
+
+
+def test_failing_reports_print_two_significant_digits():
+    w_q, w_k = torch.randn(4 * 8, 32), torch.randn(4 * 8, 32)
+    bad = dg.check_weight_conversion(w_q, w_k, w_q, w_k, n_heads=4)
+    worst = max(bad.head_errors)
+    assert not bad.ok and f"score error per head: max {worst:.2g}" in str(bad)
+
+    def angles_in_x_dtype(x):  # the bug of chapter 9: angles in bfloat16
+        s, d = x.shape[-2:]
+        angles = torch.outer(torch.arange(s, dtype=x.dtype), tp.inv_freq(d).to(x.dtype))
+        emb = torch.cat((angles, angles), dim=-1)
+        return x * emb.cos() + tp.rotate_half(x) * emb.sin()
+
+    drift = dg.probe_rope_precision(angles_in_x_dtype, 32, seq_len=1024)
+    assert not drift.ok
+    assert all(f"{e:.2g}" in str(drift) for _, _, e in drift.buckets), str(drift)
