@@ -94,7 +94,8 @@ ROPE_LIMIT = "limit: clone q,k"
 #: caching allocator's rounding (blocks of 2 MiB and up) and fragmentation, kernels' own
 #: workspaces (cuBLAS, the attention kernels' log-sum-exp and accumulators).
 MEMORY_HEADROOM = 0.20
-#: Fixed part of the headroom: CUDA context growth, cuBLAS/cuDNN handles, compiled kernels.
+#: The fixed part of the headroom (for CUDA context growth, cuBLAS and cuDNN handles,
+#: compiled kernels).
 MEMORY_RESERVE_BYTES = 256 * 2**20
 
 # Bigger than the L2 cache of current GPUs (H100/H200: 50 MB), so zeroing it
@@ -593,7 +594,7 @@ class Footprint:
 
     @property
     def need(self) -> int:
-        """Bytes the case needs beyond what exists when it starts: the larger phase."""
+        """Bytes the case needs beyond what exists when it starts (the larger phase)."""
         return max(self.held + self.call, self.build)
 
     @property
@@ -868,7 +869,7 @@ class BenchRecord:
 
     @property
     def ok(self) -> bool:
-        """True if the case ran and was timed without error: its numbers can be read."""
+        """True if the case ran and was timed without error (its numbers can be read)."""
         return self.error is None and self.median_ms is not None
 
     @classmethod
