@@ -581,7 +581,8 @@ class KVCacheReport(Report):
         scenarios: name -> ``(first differing position or None, max |difference|)``;
             positions count the real tokens of a row (padding excluded).
         problems: what is wrong, in words.
-        atol, rtol: the tolerances of the comparison.
+        atol: the absolute tolerance of the comparison.
+        rtol: its relative tolerance.
     """
 
     scenarios: dict

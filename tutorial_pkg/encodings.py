@@ -344,7 +344,7 @@ class ALiBi(PositionEncoding):
             by ``sqrt(d)``). Falcon (``alibi=True``) divides it by ``sqrt(head_dim)``:
             ``ALiBi(n_heads, bias_scale=head_dim ** -0.5)``. Every hook (:meth:`bias`,
             :meth:`score_mod`, :meth:`key_bias`) applies it, as slopes ``m_h * bias_scale``
-            (:meth:`effective_slopes`; :attr:`slopes` stay the paper's).
+            (:meth:`effective_slopes`; ``slopes`` stay the paper's).
 
     **Falcon's bfloat16.** Falcon's ``build_alibi_tensor`` rounds the slopes and each
     ``m_h * j`` to bfloat16 whatever the model's dtype; the package keeps slopes and

@@ -27,13 +27,13 @@ BLOOM               fused ``query_key_value`` (per head: q, k, v), ALiBi
 ==================  ============================================================
 
 A family the package cannot express is refused by name (``ValueError``), never
-approximated: Falcon (with ALiBi its bias is divided by ``sqrt(head_dim)``; its
-rotary layouts are not loaded yet), Gemma 2 (logit soft-capping), DeepSeek-V2/V3
-(multi-head latent attention), Llama 4 (adjacent-pair RoPE the config does not
-name, L2 QK-norm, temperature tuning), GPT-OSS (attention sinks), Gemma 4 (per-layer
-head_dim), GPT-J (no RoPE base in its config), MPT, T5 and any other
-``model_type``. A supported family's module with something the loader does not
-know (an extra submodule, soft-capping, a norm of another class) is refused too.
+approximated: Falcon (not loaded yet: its fused multi-query and new-architecture
+projections; ``ALiBi(n_heads, bias_scale=head_dim ** -0.5)`` is its ALiBi), Gemma 2
+(logit soft-capping), DeepSeek-V2/V3 (multi-head latent attention), Llama 4 (L2
+QK-norm and temperature tuning), GPT-OSS (attention sinks), Gemma 4 (a head_dim per
+layer type), GPT-J (not loaded yet), MPT, T5 and any other ``model_type``. A supported
+family's module with something the loader does not know (an extra submodule,
+soft-capping, a norm of another class) is refused too.
 
 Differences that are conventions, not numbers: BLOOM's attention module adds the
 residual to its output (``dense(context) + residual``); the loaded layer returns
@@ -71,30 +71,28 @@ SUPPORTED_FAMILIES = {
 
 #: ``model_type`` -> why :func:`from_hf_attention` refuses the family.
 REFUSED_FAMILIES = {
-    "falcon": "Falcon is not loaded yet: with alibi=True it adds the ALiBi bias divided by "
-              "sqrt(head_dim) ((scores + alibi) * inv_norm_factor), which tutorial_pkg.ALiBi "
-              "cannot express (it adds the bias undivided); its rotary layouts "
-              "(multi_query, new_decoder_architecture) are not read yet either",
+    "falcon": "Falcon is not loaded yet: its fused query_key_value has three layouts "
+              "(multi_query, new_decoder_architecture, per head) the loader does not read; "
+              "its ALiBi is tutorial_pkg.ALiBi(n_heads, bias_scale=head_dim ** -0.5)",
     "gemma2": "Gemma 2 soft-caps the attention logits (attn_logit_softcapping): "
               "MultiHeadAttention has no soft-capping",
     "gemma3": "this is Gemma 3's multimodal config: pass its text config (config.text_config, "
               "model_type 'gemma3_text') with the language model's attention module",
-    "gemma4_text": "Gemma 4's global layers have their own head_dim (per_layer_config), which "
-                   "read_rope_config does not read yet",
-    "gemma4": "Gemma 4's global layers have their own head_dim (per_layer_config), which "
-              "read_rope_config does not read yet",
+    "gemma4_text": "Gemma 4's global layers have their own head_dim (per_layer_config): the "
+                   "loader does not build a layer per layer type yet",
+    "gemma4": "Gemma 4's global layers have their own head_dim (per_layer_config): the loader "
+              "does not build a layer per layer type yet",
     "deepseek_v2": "DeepSeek-V2 uses multi-head latent attention (low-rank q and kv, decoupled "
                    "RoPE on part of each head): not one MultiHeadAttention",
     "deepseek_v3": "DeepSeek-V3 uses multi-head latent attention (low-rank q and kv, decoupled "
                    "RoPE on part of each head): not one MultiHeadAttention",
-    "llama4_text": "Llama 4 rotates adjacent pairs, which its config does not say "
-                   "(read_rope_config reads 'half'), L2-normalises q and k and tunes the "
-                   "attention temperature with the position",
-    "llama4": "Llama 4 rotates adjacent pairs, which its config does not say (read_rope_config "
-              "reads 'half'), L2-normalises q and k and tunes the attention temperature",
+    "llama4_text": "Llama 4 L2-normalises q and k and tunes the attention temperature with the "
+                   "position: MultiHeadAttention has neither",
+    "llama4": "Llama 4 L2-normalises q and k and tunes the attention temperature with the "
+              "position: MultiHeadAttention has neither",
     "gpt_oss": "GPT-OSS adds learned attention sinks to the softmax: MultiHeadAttention has none",
-    "gptj": "GPT-J's config has no RoPE base (its code hard-codes 10000 and adjacent pairs), so "
-            "read_rope_config cannot read it",
+    "gptj": "GPT-J is not loaded yet (its RoPE is read: read_rope_config, adjacent pairs, base "
+            "10000, rotary_dim features)",
     "mpt": "MPT (fused Wqkv with clip_qkv / qk_ln options, ALiBi) is not loaded yet",
     "t5": "T5's attention is not scaled and its bias is learned per bucket: build it with "
           "T5RelativeBias (tests/test_hf_oracle.py shows how), the loader does not",
@@ -220,15 +218,15 @@ def _norm_copy(attention, name: str, family: str, head_dim: int) -> nn.Module:
 
 def from_hf_attention(attention: nn.Module, config, *, backend: str = "auto",
                       compile_flex: bool = True) -> MultiHeadAttention:
-    """Build a :class:`MultiHeadAttention` that computes what a Hugging Face attention
-    module computes (see the module docs for the families).
+    """Build a :class:`~tutorial_pkg.attention.MultiHeadAttention` that computes what a
+    Hugging Face attention module computes (see the module docs for the families).
 
     Args:
         attention: the family's attention module (``model.layers[i].self_attn``,
             GPT-NeoX's ``layers[i].attention``, BLOOM's ``h[i].self_attention``).
         config: the model's config (a ``PretrainedConfig`` or its ``to_dict()``); for
             Gemma 3 the text config. Its ``model_type`` names the family.
-        backend, compile_flex: as in :class:`MultiHeadAttention`.
+        backend, compile_flex: as in :class:`~tutorial_pkg.attention.MultiHeadAttention`.
 
     Returns:
         The layer, with copies of the module's weights, on their device and dtype (the
