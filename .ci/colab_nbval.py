@@ -8,7 +8,8 @@ the network pointed at the local checkout:
 
 1. a fresh virtual environment ``.venv-colab`` with pip, the same torch as the running
    interpreter (``TORCH_SPEC`` overrides it) and what Colab preinstalls that the chapters
-   use (numpy, matplotlib, tqdm, ipykernel), plus nbval to compare; *no* ``tutorial_pkg``;
+   use (numpy, matplotlib, tqdm, ipykernel, transformers), plus nbval to compare; *no*
+   ``tutorial_pkg``;
 2. a snapshot of this working tree (tracked and untracked, not ignored files) committed to
    a temporary git repository, and a git configuration in which the configured repository
    URL (``_config.yml``: ``repository.url``) is ``insteadOf`` that snapshot: the cell's own
@@ -42,8 +43,9 @@ import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 VENV = ROOT / ".venv-colab"
-# Preinstalled on Colab and used by the chapters; the Colab cell installs the rest.
-COLAB_PACKAGES = ["numpy", "matplotlib", "tqdm", "ipykernel"]
+# Preinstalled on Colab and used by the chapters (transformers: chapter 8's oracle cell);
+# the Colab cell installs the rest.
+COLAB_PACKAGES = ["numpy", "matplotlib", "tqdm", "ipykernel", "transformers>=5.24,<5.25"]
 CHECK_PACKAGES = ["pytest", "nbval"]
 
 FAKE_COLAB = """\
