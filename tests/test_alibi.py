@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import textwrap
 
 import pytest
 import torch
@@ -175,16 +176,12 @@ def test_falcon_bf16_recipe_of_the_docstring():
     heads (slopes not exact in bfloat16) and positions past 256."""
     falcon = pytest.importorskip("transformers.models.falcon.modeling_falcon")
 
-    class FalconBF16ALiBi(ALiBi):
-        def __init__(self, n_heads, head_dim):
-            super().__init__(n_heads, mode="key_only", bias_scale=head_dim ** -0.5)
-
-        def bias(self, q_pos, k_pos):  # bfloat16 slopes times key positions
-            m = self.slopes.to(k_pos.device).bfloat16()[:, None, None]
-            return (m * k_pos[..., None, None, :]).float() * self.bias_scale
-
-        def key_bias(self, k_pos):
-            return self.bias(k_pos, k_pos)
+    # the recipe exactly as the docstring prints it (its indented block after "::")
+    doc = ALiBi.__doc__
+    block = doc[doc.index("class FalconBF16ALiBi"):].split("\n\n    with the")[0]
+    namespace = {"ALiBi": ALiBi}
+    exec(textwrap.dedent("        " + block), namespace)
+    FalconBF16ALiBi = namespace["FalconBF16ALiBi"]
 
     H, head_dim, s = 6, 16, 300
     mask = torch.ones(2, s, dtype=torch.long)
