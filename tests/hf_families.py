@@ -154,6 +154,9 @@ MISTRAL = Family("mistral", "mistral", "MistralConfig", "MistralRotaryEmbedding"
                   "max_position_embeddings": 64})
 SMOLLM3 = Family("smollm3", "smollm3", "SmolLM3Config", "SmolLM3RotaryEmbedding", "half",
                  {**TINY, **_GQA, "num_hidden_layers": 4, "max_position_embeddings": 64})
+#: A family the loader neither loads nor refuses by name (its "unknown family" case).
+OLMO2 = Family("olmo2", "olmo2", "Olmo2Config", "Olmo2RotaryEmbedding", "half",
+               {**TINY, **_GQA, "max_position_embeddings": 16})
 BLOOM = Family("bloom", "bloom", "BloomConfig", None, "alibi",
                {"vocab_size": 32, "hidden_size": 48, "n_head": 6, "n_layer": 1})
 MPT = Family("mpt", "mpt", "MptConfig", None, "alibi",

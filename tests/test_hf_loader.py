@@ -56,8 +56,6 @@ def _attention(fam, model_cls, path, **overrides):
 
 
 @pytest.mark.parametrize(("fam", "model_cls", "path", "overrides", "match"), [
-    (F.FALCON, "FalconModel", "h.0.self_attention", {},
-     r"cannot load a falcon attention layer: .*fused query_key_value"),
     (F.GPT_OSS, "GptOssModel", "layers.0.self_attn", {},
      "cannot load a gpt_oss attention layer: .*attention sinks"),
     (F.DEEPSEEK_V3, "DeepseekV3Model", "layers.0.self_attn", {},
@@ -66,9 +64,14 @@ def _attention(fam, model_cls, path, **overrides):
      "cannot load a llama4_text attention layer: .*temperature"),
     (F.GEMMA4, "Gemma4TextModel", "layers.0.self_attn", {},
      "cannot load a gemma4_text attention layer: .*head_dim"),
-    (F.MPT, "MptModel", "blocks.0.attn", {}, "cannot load a mpt attention layer"),
-    (F.SMOLLM3, "SmolLM3Model", "layers.0.self_attn", {},
-     r"cannot load a 'smollm3' attention layer: the loader knows \["),
+    (F.OLMO2, "Olmo2Model", "layers.0.self_attn", {},
+     r"cannot load a 'olmo2' attention layer: the loader knows \["),
+    (F.MPT, "MptModel", "blocks.0.attn", {"attn_config": {"clip_qkv": 6.0}},
+     "cannot load a MPT attention layer: attn_config clip_qkv=6.0: .*no clamp"),
+    (F.MPT, "MptModel", "blocks.0.attn", {"attn_config": {"qk_ln": True}},
+     "cannot load a MPT attention layer: attn_config qk_ln=True"),
+    (F.MPT, "MptModel", "blocks.0.attn", {"attn_config": {"alibi_bias_max": 16}},
+     "cannot load a MPT attention layer: attn_config alibi_bias_max=16: .*whatever the config"),
 ], ids=lambda v: getattr(v, "name", None))
 def test_loader_refuses_families_it_cannot_express_by_name(fam, model_cls, path, overrides,
                                                             match):
@@ -77,10 +80,9 @@ def test_loader_refuses_families_it_cannot_express_by_name(fam, model_cls, path,
         tp.hf.from_hf_attention(attn, config)
 
 
-def test_loader_refuses_gemma2_softcapping_and_gptj():
+def test_loader_refuses_gemma2_softcapping():
     for name, kw in [("Gemma2Config", {"hidden_size": 32, "num_attention_heads": 4,
-                                       "num_key_value_heads": 2, "head_dim": 16}),
-                     ("GPTJConfig", {"n_embd": 32, "n_head": 4, "rotary_dim": 8})]:
+                                       "num_key_value_heads": 2, "head_dim": 16})]:
         cls = getattr(transformers, name, None)
         if cls is None:
             pytest.skip(f"transformers has no {name}")
@@ -120,3 +122,24 @@ def test_loader_reads_scale_window_biases_and_dtype():
         tp.hf.from_hf_attention("self_attn", config)
     with pytest.raises(TypeError, match="config must be"):
         tp.hf.from_hf_attention(attn, 3)
+
+
+def test_loader_reads_smollm3_no_rope_layers_and_falcon_layouts():
+    """SmolLM3's no_rope_layers (1 = RoPE): layers.3 of [1, 1, 1, 0] loads as NoPE, by its
+    layer_idx; Falcon's three query_key_value layouts give their key/value head counts."""
+    config, attn = _attention(F.SMOLLM3, "SmolLM3Model", "layers.3.self_attn")
+    assert config.no_rope_layers == [1, 1, 1, 0] and attn.use_rope == 0
+    assert isinstance(tp.hf.from_hf_attention(attn, config).encoding, tp.NoPE)
+    config, attn = _attention(F.SMOLLM3, "SmolLM3Model", "layers.2.self_attn")
+    assert isinstance(tp.hf.from_hf_attention(attn, config).encoding, tp.Rotary)
+    attn.layer_idx = None
+    with pytest.raises(ValueError, match="SmolLM3 .*layer_idx"):
+        tp.hf.from_hf_attention(attn, config)
+    for kw, n_kv in [({}, 6), ({"multi_query": True}, 1),
+                     ({"new_decoder_architecture": True, "parallel_attn": True,
+                       "num_kv_heads": 2}, 2)]:
+        config, attn = _attention(F.FALCON, "FalconModel", "h.0.self_attention", **kw)
+        layer = tp.hf.from_hf_attention(attn, config)
+        assert (layer.n_heads, layer.n_kv_heads) == (6, n_kv)
+        assert isinstance(layer.encoding, tp.ALiBi)
+        assert layer.encoding.bias_scale == pytest.approx(8 ** -0.5)

@@ -839,7 +839,34 @@ LOADER_CASES = {
     "phi4_mini": (F.PHI4_MINI, "Phi3Model", "layers.0.self_attn", {}, 20),
     "phi3-window4": (F.PHI3, "Phi3Model", "layers.0.self_attn", {"sliding_window": 4}, 20),
     "bloom": (F.BLOOM, "BloomModel", "h.0.self_attention", {}, 10),
+    # (Falcon's new architecture is parallel attention: parallel_attn True, as its docs say)
+    # Falcon's ALiBi: 8 heads (slopes 2^-1..2^-8) and 10 tokens, where its bfloat16 slopes
+    # and bias are exact; held to HF's sdpa (_LOADER_SDPA)
+    "falcon-alibi": (F.FALCON, "FalconModel", "h.0.self_attention",
+                     {"hidden_size": 64, "num_attention_heads": 8}, 10),
+    "falcon-alibi-new_arch": (F.FALCON, "FalconModel", "h.0.self_attention",
+                              {"hidden_size": 64, "num_attention_heads": 8, "num_kv_heads": 2,
+                               "new_decoder_architecture": True, "parallel_attn": True}, 10),
+    "falcon-rope": (F.FALCON, "FalconModel", "h.0.self_attention", {"alibi": False}, 10),
+    "falcon-rope-multi_query": (F.FALCON, "FalconModel", "h.0.self_attention",
+                                {"alibi": False, "multi_query": True, "bias": False}, 10),
+    "falcon-rope-new_arch": (F.FALCON, "FalconModel", "h.0.self_attention",
+                             {"alibi": False, "new_decoder_architecture": True,
+                              "parallel_attn": True, "num_kv_heads": 2}, 10),
+    "gptj": (F.GPTJ, "GPTJModel", "h.0.attn", {}, 10),
+    "mpt": (F.MPT, "MptModel", "blocks.0.attn", {}, 10),
+    "mpt-softmax_scale": (F.MPT, "MptModel", "blocks.0.attn",
+                          {"attn_config": {"softmax_scale": 0.3}}, 10),
+    "smollm3": (F.SMOLLM3, "SmolLM3Model", "layers.0.self_attn", {}, 10),
+    # no_rope_layers [0] (1 = RoPE): one layer, without RoPE (a layer past the first would
+    # see HF's NaN rows of left padding from the layers below; tests/test_hf_loader.py
+    # checks that layers.3 of [1, 1, 1, 0] loads as NoPE)
+    "smollm3-nope": (F.SMOLLM3, "SmolLM3Model", "layers.0.self_attn",
+                     {"num_hidden_layers": 1, "no_rope_layers": [0]}, 10),
 }
+#: Cases held to HF's attn_implementation="sdpa": transformers 5.24's eager Falcon adds the
+#: ALiBi bias twice (once in the mask its model builds, once in the layer).
+_LOADER_SDPA = {"falcon-alibi", "falcon-alibi-new_arch"}
 
 
 @pytest.mark.parametrize("padded", [False, True], ids=["causal", "left-padded"])
@@ -849,9 +876,12 @@ LOADER_CASES = {
 def test_loader_from_hf_attention(name, backend, padded, record_property):
     """tutorial_pkg.hf.from_hf_attention(module, config): the family's output, every backend
     (flex eagerly: 10-20 tokens are below one tile on CPU; it must not fall back to sdpa).
-    BLOOM's module adds the residual inside; the loaded layer does not."""
+    BLOOM's module adds the residual inside; the loaded layer does not. Falcon's ALiBi
+    against HF's sdpa (_LOADER_SDPA)."""
     fam, cls, path, overrides, s = LOADER_CASES[name]
     config, model, attn = _hf_layer(fam, cls, path, **overrides)
+    if name in _LOADER_SDPA:
+        config._attn_implementation = "sdpa"
     hf = importlib.import_module("tutorial_pkg.hf")
     ours = hf.from_hf_attention(attn, config, backend=backend)
     assert ours.q_proj.weight.dtype == torch.float64  # the module's dtype

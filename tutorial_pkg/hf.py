@@ -24,16 +24,35 @@ Phi-3               fused ``qkv_proj`` (q rows, then k, then v), LongRoPE,
                     ``config.sliding_window`` (Phi-3-mini's 2047)
 GPT-NeoX            fused ``query_key_value`` (per head: q, k, v), partial rotary
 BLOOM               fused ``query_key_value`` (per head: q, k, v), ALiBi
+Falcon              fused ``query_key_value``: per group of ``num_kv_heads``
+                    (``new_decoder_architecture``), one shared k/v head
+                    (``multi_query``) or per head q, k, v; RoPE, or ALiBi with
+                    ``bias_scale=head_dim ** -0.5`` (``config.alibi``); biases
+                    if ``config.bias``
+GPT-J               q/k/v/out_proj (no biases), ``rotary_dim`` features in
+                    adjacent pairs (interleaved), scale ``head_dim ** -0.5``
+MPT                 fused ``Wqkv`` (q rows, then k, then v), ALiBi (slopes for
+                    ``alibi_bias_max`` 8), ``softmax_scale``; the default
+                    ``attn_config`` only (no ``clip_qkv``, no ``qk_ln``)
+SmolLM3             as Llama; a layer whose ``no_rope_layers`` entry is 0 (1 =
+                    RoPE) is loaded with NoPE (the module's ``layer_idx``)
 ==================  ============================================================
 
 A family the package cannot express is refused by name (``ValueError``), never
-approximated: Falcon (not loaded yet: its fused multi-query and new-architecture
-projections; ``ALiBi(n_heads, bias_scale=head_dim ** -0.5)`` is its ALiBi), Gemma 2
-(logit soft-capping), DeepSeek-V2/V3 (multi-head latent attention), Llama 4 (L2
-QK-norm and temperature tuning), GPT-OSS (attention sinks), Gemma 4 (a head_dim per
-layer type), GPT-J (not loaded yet), MPT, T5 and any other ``model_type``. A supported
+approximated: Gemma 2 (logit soft-capping), DeepSeek-V2/V3 (multi-head latent
+attention), Llama 4 (L2 QK-norm and temperature tuning), GPT-OSS (attention sinks),
+Gemma 4 (a head_dim per layer type), T5 and any other ``model_type``. A supported
 family's module with something the loader does not know (an extra submodule,
-soft-capping, a norm of another class) is refused too.
+soft-capping, a norm of another class, MPT's ``clip_qkv`` or ``qk_ln``) is refused too.
+
+**Falcon's bfloat16 ALiBi.** Falcon's ``build_alibi_tensor`` rounds the slopes and
+each ``m_h * j`` to bfloat16 whatever the model's dtype; the loaded layer's ALiBi
+keeps them in float32 (see :class:`~tutorial_pkg.encodings.ALiBi`). With a
+power-of-two head count and key positions below 256 both are exact and the outputs
+agree (tests/test_hf_oracle.py: 8 heads, 10 tokens); otherwise they differ by that
+rounding, and the ALiBi docstring's ``FalconBF16ALiBi`` recipe, set as the loaded
+layer's ``encoding``, reproduces it. Falcon's ALiBi layers are held to transformers'
+``attn_implementation="sdpa"``: transformers 5.24's eager Falcon adds the bias twice.
 
 Differences that are conventions, not numbers: BLOOM's attention module adds the
 residual to its output (``dense(context) + residual``); the loaded layer returns
@@ -52,7 +71,7 @@ import torch
 from torch import nn
 
 from .attention import MultiHeadAttention
-from .encodings import ALiBi, PositionEncoding, Rotary
+from .encodings import ALiBi, NoPE, PositionEncoding, Rotary
 from .rope_config import read_rope_config
 
 __all__ = ["SUPPORTED_FAMILIES", "REFUSED_FAMILIES", "from_hf_attention", "padding_mask"]
@@ -67,13 +86,14 @@ SUPPORTED_FAMILIES = {
     "phi3": "Phi-3",
     "gpt_neox": "GPT-NeoX",
     "bloom": "BLOOM",
+    "falcon": "Falcon",
+    "gptj": "GPT-J",
+    "mpt": "MPT",
+    "smollm3": "SmolLM3",
 }
 
 #: ``model_type`` -> why :func:`from_hf_attention` refuses the family.
 REFUSED_FAMILIES = {
-    "falcon": "Falcon is not loaded yet: its fused query_key_value has three layouts "
-              "(multi_query, new_decoder_architecture, per head) the loader does not read; "
-              "its ALiBi is tutorial_pkg.ALiBi(n_heads, bias_scale=head_dim ** -0.5)",
     "gemma2": "Gemma 2 soft-caps the attention logits (attn_logit_softcapping): "
               "MultiHeadAttention has no soft-capping",
     "gemma3": "this is Gemma 3's multimodal config: pass its text config (config.text_config, "
@@ -91,9 +111,6 @@ REFUSED_FAMILIES = {
     "llama4": "Llama 4 L2-normalises q and k and tunes the attention temperature with the "
               "position: MultiHeadAttention has neither",
     "gpt_oss": "GPT-OSS adds learned attention sinks to the softmax: MultiHeadAttention has none",
-    "gptj": "GPT-J is not loaded yet (its RoPE is read: read_rope_config, adjacent pairs, base "
-            "10000, rotary_dim features)",
-    "mpt": "MPT (fused Wqkv with clip_qkv / qk_ln options, ALiBi) is not loaded yet",
     "t5": "T5's attention is not scaled and its bias is learned per bucket: build it with "
           "T5RelativeBias (tests/test_hf_oracle.py shows how), the loader does not",
 }
@@ -112,7 +129,14 @@ _CHILDREN = {
     "phi3": {"qkv_proj", "o_proj"},
     "gpt_neox": {"query_key_value", "dense"},
     "bloom": {"query_key_value", "dense", "attention_dropout"},
+    "falcon": {"query_key_value", "dense", "attention_dropout"},
+    "gptj": {"q_proj", "k_proj", "v_proj", "out_proj", "resid_dropout"},
+    "mpt": {"Wqkv", "out_proj"},
+    "smollm3": _LLAMA_CHILDREN,
 }
+
+#: Subclasses of ``nn.Linear`` whose forward is ``x @ weight.T + bias``, as nn.Linear's.
+_PLAIN_LINEARS = {"FalconLinear"}
 
 
 def padding_mask(attention_mask: torch.Tensor) -> torch.Tensor:
@@ -176,7 +200,8 @@ def _rotary(cfg: dict, attention, head_dim: int, family: str) -> PositionEncodin
 
 def _linear(module, name: str, family: str) -> nn.Linear:
     lin = getattr(module, name, None)
-    if type(lin) is not nn.Linear:
+    if type(lin) is not nn.Linear and not (isinstance(lin, nn.Linear)
+                                           and type(lin).__name__ in _PLAIN_LINEARS):
         _refuse(family, f"its {name} is a {type(lin).__name__}, not an nn.Linear")
     return lin
 
@@ -223,7 +248,8 @@ def from_hf_attention(attention: nn.Module, config, *, backend: str = "auto",
 
     Args:
         attention: the family's attention module (``model.layers[i].self_attn``,
-            GPT-NeoX's ``layers[i].attention``, BLOOM's ``h[i].self_attention``).
+            GPT-NeoX's ``layers[i].attention``, BLOOM's and Falcon's ``h[i].self_attention``,
+            GPT-J's ``h[i].attn``, MPT's ``blocks[i].attn``).
         config: the model's config (a ``PretrainedConfig`` or its ``to_dict()``); for
             Gemma 3 the text config. Its ``model_type`` names the family.
         backend, compile_flex: as in :class:`~tutorial_pkg.attention.MultiHeadAttention`.
@@ -260,6 +286,12 @@ def from_hf_attention(attention: nn.Module, config, *, backend: str = "auto",
         return _bloom(attention, cfg, backend, compile_flex)
     if model_type == "gpt_neox":
         return _gpt_neox(attention, cfg, backend, compile_flex, causal)
+    if model_type == "falcon":
+        return _falcon(attention, cfg, backend, compile_flex, causal)
+    if model_type == "gptj":
+        return _gptj(attention, cfg, backend, compile_flex, causal)
+    if model_type == "mpt":
+        return _mpt(attention, cfg, backend, compile_flex, causal)
 
     o = _linear(attention, "o_proj", family)
     head_dim = int(attention.head_dim)
@@ -288,8 +320,12 @@ def from_hf_attention(attention: nn.Module, config, *, backend: str = "auto",
     norms = {}
     if model_type in ("qwen3", "gemma3_text"):
         norms = {n: _norm_copy(attention, n, family, head_dim) for n in ("q_norm", "k_norm")}
+    if model_type == "smollm3":
+        encoding = _smollm3_encoding(attention, cfg, head_dim, family)
+    else:
+        encoding = _rotary(cfg, attention, head_dim, family)
     ours = MultiHeadAttention(
-        d_model, n_heads, _rotary(cfg, attention, head_dim, family), causal=causal,
+        d_model, n_heads, encoding, causal=causal,
         backend=backend, dropout=float(getattr(attention, "attention_dropout", 0.0) or 0.0),
         n_kv_heads=n_kv, compile_flex=compile_flex, window=window, head_dim=head_dim,
         scale=float(attention.scaling), q_bias=has_bias[0], k_bias=has_bias[1],
@@ -350,3 +386,142 @@ def _bloom(attention, cfg, backend, compile_flex):
     dropout = float(drop.p) if isinstance(drop, nn.Dropout) else 0.0
     return _fused(attention, family, n_heads, head_dim, ALiBi(n_heads), cfg, backend,
                   compile_flex, True, float(attention.inv_norm_factor), dropout)
+
+
+def _copy_all(ours: MultiHeadAttention, ws, bs, out: nn.Linear) -> MultiHeadAttention:
+    for dst, w, b in zip((ours.q_proj, ours.k_proj, ours.v_proj), ws, bs, strict=True):
+        _copy(dst, w, b)
+    _copy(ours.out_proj, out.weight, out.bias)
+    return _place(ours, out.weight)
+
+
+def _smollm3_encoding(attention, cfg, head_dim, family) -> PositionEncoding:
+    """RoPE, or NoPE where the layer's ``no_rope_layers`` entry is 0 (its entries say
+    "uses RoPE": ``SmolLM3Attention.use_rope = config.no_rope_layers[layer_idx]``)."""
+    idx, flags = getattr(attention, "layer_idx", None), cfg.get("no_rope_layers")
+    if idx is None or flags is None or not 0 <= int(idx) < len(flags):
+        _refuse(family, f"the module's layer_idx ({idx}) does not index the config's "
+                f"no_rope_layers ({flags}): the loader cannot tell whether it uses RoPE")
+    use_rope = bool(flags[int(idx)])
+    if hasattr(attention, "use_rope") and bool(attention.use_rope) != use_rope:
+        _refuse(family, f"the module's use_rope ({attention.use_rope}) is not the config's "
+                f"no_rope_layers[{idx}] ({flags[int(idx)]})")
+    return _rotary(cfg, attention, head_dim, family) if use_rope else NoPE()
+
+
+def _falcon(attention, cfg, backend, compile_flex, causal):
+    """Falcon's fused ``query_key_value``, as ``FalconAttention._split_heads`` reads it."""
+    family = "Falcon"
+    qkv, dense = _linear(attention, "query_key_value", family), _linear(attention, "dense", family)
+    n_heads, head_dim = int(attention.num_heads), int(attention.head_dim)
+    if cfg.get("new_decoder_architecture"):
+        # [groups, heads per group + 2, head_dim]: the group's queries, then its k, then its v
+        n_kv = int(cfg["num_kv_heads"])
+        if n_kv < 1 or n_heads % n_kv:
+            _refuse(family, f"{n_heads} query heads and num_kv_heads={n_kv}")
+        layout = (n_kv, n_heads // n_kv + 2, head_dim)
+
+        def split(t):
+            per = t.reshape(*layout, *t.shape[1:])
+            return [per[:, :-2].reshape(n_heads * head_dim, *t.shape[1:]),
+                    per[:, -2].reshape(n_kv * head_dim, *t.shape[1:]),
+                    per[:, -1].reshape(n_kv * head_dim, *t.shape[1:])]
+    elif cfg.get("multi_query"):
+        # [heads + 2, head_dim]: every query head, then the one key head, then the value head
+        n_kv = 1
+
+        def split(t):
+            return list(t.split([n_heads * head_dim, head_dim, head_dim]))
+    else:  # [heads, 3, head_dim], as BLOOM
+        n_kv = n_heads
+        if int(getattr(attention, "num_kv_heads", n_heads)) != n_heads:
+            _refuse(family, f"num_kv_heads={attention.num_kv_heads} with the per-head layout "
+                    f"(neither new_decoder_architecture nor multi_query): its code needs "
+                    f"{n_heads}")
+
+        def split(t):
+            return _split_per_head(t, n_heads, head_dim)
+    expected = (n_heads + 2 * n_kv) * head_dim
+    if qkv.out_features != expected:
+        _refuse(family, f"query_key_value has {qkv.out_features} rows, not ({n_heads} + 2 * "
+                f"{n_kv}) heads * {head_dim}")
+    if cfg.get("alibi"):
+        encoding = ALiBi(n_heads, bias_scale=head_dim ** -0.5)
+    else:
+        encoding = _rotary(cfg, attention, head_dim, family)
+    drop = getattr(attention, "attention_dropout", None)
+    dropout = float(drop.p) if isinstance(drop, nn.Dropout) else 0.0
+    has_bias = qkv.bias is not None
+    ours = MultiHeadAttention(
+        dense.out_features, n_heads, encoding, causal=causal, backend=backend, dropout=dropout,
+        n_kv_heads=n_kv, compile_flex=compile_flex, head_dim=head_dim,
+        scale=float(attention.inv_norm_factor), q_bias=has_bias, k_bias=has_bias,
+        v_bias=has_bias, o_bias=dense.bias is not None,
+    )
+    bs = split(qkv.bias) if has_bias else [None] * 3
+    return _copy_all(ours, split(qkv.weight), bs, dense)
+
+
+def _gptj(attention, cfg, backend, compile_flex, causal):
+    family = "GPT-J"
+    if getattr(attention, "rotary_dim", None) is None:
+        _refuse(family, "rotary_dim is None: its code then builds tables of n_embd features "
+                "for every head, not one head's")
+    projs = [_linear(attention, n, family) for n in ("q_proj", "k_proj", "v_proj")]
+    out = _linear(attention, "out_proj", family)
+    head_dim, n_heads = int(attention.head_dim), int(attention.num_attention_heads)
+    encoding = _rotary(cfg, attention, head_dim, family)
+    if encoding.rope.rotary_dim != int(attention.rotary_dim):
+        _refuse(family, f"the config's rotary_dim {encoding.rope.rotary_dim} is not the "
+                f"module's {attention.rotary_dim}")
+    ours = MultiHeadAttention(
+        out.out_features, n_heads, encoding, causal=causal, backend=backend,
+        dropout=float(getattr(attention, "attention_dropout", 0.0) or 0.0),
+        compile_flex=compile_flex, head_dim=head_dim, scale=float(attention.scaling),
+        q_bias=projs[0].bias is not None, k_bias=projs[1].bias is not None,
+        v_bias=projs[2].bias is not None, o_bias=out.bias is not None,
+    )
+    return _copy_all(ours, [p.weight for p in projs], [p.bias for p in projs], out)
+
+
+#: MPT ``attn_config`` keys and the only values :func:`from_hf_attention` loads, with why.
+_MPT_DEFAULTS = {
+    "clip_qkv": (None, "clip_qkv clamps q, k and v: MultiHeadAttention has no clamp"),
+    "qk_ln": (False, "qk_ln (a LayerNorm on q and k over the whole width) is not in "
+                     "transformers' MptAttention: the loader cannot copy it"),
+    "alibi": (True, "alibi=False: transformers' MptModel adds ALiBi anyway"),
+    "alibi_bias_max": (8, "transformers' MptModel builds its ALiBi with alibi_bias_max 8 "
+                          "whatever the config says"),
+    "prefix_lm": (False, "prefix_lm (bidirectional attention over a prefix) is not in "
+                         "transformers' MptModel"),
+    "attn_uses_sequence_id": (False, "attn_uses_sequence_id is not in transformers' MptModel"),
+    "attn_type": ("multihead_attention", "attn_type other than multihead_attention is not in "
+                                         "transformers' MptAttention"),
+}
+
+
+def _mpt(attention, cfg, backend, compile_flex, causal):
+    family = "MPT"
+    attn_cfg = cfg.get("attn_config") or {}
+    if not isinstance(attn_cfg, Mapping):
+        attn_cfg = _config_dict(attn_cfg)
+    for key, (default, why) in _MPT_DEFAULTS.items():
+        value = attn_cfg.get(key, default)
+        if key == "clip_qkv":  # its code clips where the value is truthy (0 does not clip)
+            value = getattr(attention, "clip_qkv", value) or None
+        if value != default:
+            _refuse(family, f"attn_config {key}={value!r}: {why}")
+    qkv, out = _linear(attention, "Wqkv", family), _linear(attention, "out_proj", family)
+    n_heads, head_dim = int(attention.n_heads), int(attention.head_dim)
+    if qkv.out_features != 3 * n_heads * head_dim:
+        _refuse(family, f"Wqkv has {qkv.out_features} rows, not 3 * {n_heads} heads * {head_dim}")
+    sizes = [n_heads * head_dim] * 3
+    ours = MultiHeadAttention(
+        out.out_features, n_heads, ALiBi(n_heads), causal=causal, backend=backend,
+        dropout=float(getattr(attention, "attn_dropout_p", 0.0) or 0.0),
+        compile_flex=compile_flex, head_dim=head_dim, scale=float(attention.softmax_scale),
+        q_bias=qkv.bias is not None, k_bias=qkv.bias is not None,
+        v_bias=qkv.bias is not None, o_bias=out.bias is not None,
+    )
+    bs = [None] * 3 if qkv.bias is None else qkv.bias.split(sizes)
+    return _copy_all(ours, qkv.weight.split(sizes), bs, out)
