@@ -748,6 +748,16 @@ def test_qwen2_attention_per_projection_biases(backend):
     _compare_attention(ours, seen, pad, positions, True)
 
 
+def _copy_llama_weights_and_compare(ours, model, attn):
+    """Copy a Llama-style module's q/k/v/o weights (no biases) into ours, then compare the
+    outputs on 10 tokens, causal and left-padded."""
+    for n in ("q_proj", "k_proj", "v_proj"):
+        _copy(getattr(ours, n), getattr(attn, n).weight)
+    _copy(ours.out_proj, attn.o_proj.weight)
+    seen, pad, positions = _run_hf(model, attn, 10, True)
+    _compare_attention(ours, seen, pad, positions, True)
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_llama_attention_head_dim(backend):
     config, model, attn = _hf_layer(F.LLAMA, "LlamaModel", "layers.0.self_attn", head_dim=32)
@@ -755,11 +765,7 @@ def test_llama_attention_head_dim(backend):
         config.hidden_size, config.num_attention_heads,
         tp.Rotary(**tp.read_rope_config(config).kwargs()), n_kv_heads=config.num_key_value_heads,
         backend=backend, head_dim=config.head_dim).double()
-    for n in ("q_proj", "k_proj", "v_proj"):
-        _copy(getattr(ours, n), getattr(attn, n).weight)
-    _copy(ours.out_proj, attn.o_proj.weight)
-    seen, pad, positions = _run_hf(model, attn, 10, True)
-    _compare_attention(ours, seen, pad, positions, True)
+    _copy_llama_weights_and_compare(ours, model, attn)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -770,11 +776,7 @@ def test_qwen3_attention_qk_norm(backend):
         tp.Rotary(**tp.read_rope_config(config).kwargs()), n_kv_heads=config.num_key_value_heads,
         backend=backend, head_dim=config.head_dim, q_norm=copy.deepcopy(attn.q_norm),
         k_norm=copy.deepcopy(attn.k_norm)).double()
-    for n in ("q_proj", "k_proj", "v_proj"):
-        _copy(getattr(ours, n), getattr(attn, n).weight)
-    _copy(ours.out_proj, attn.o_proj.weight)
-    seen, pad, positions = _run_hf(model, attn, 10, True)
-    _compare_attention(ours, seen, pad, positions, True)
+    _copy_llama_weights_and_compare(ours, model, attn)
 
 
 @pytest.mark.parametrize("layer_type", ["sliding_attention", "full_attention"],
@@ -788,11 +790,7 @@ def test_gemma3_attention_scale(layer_type):
         scale=config.query_pre_attn_scalar**-0.5, q_norm=copy.deepcopy(attn.q_norm),
         k_norm=copy.deepcopy(attn.k_norm),
         window=config.sliding_window if layer_type == "sliding_attention" else None).double()
-    for n in ("q_proj", "k_proj", "v_proj"):
-        _copy(getattr(ours, n), getattr(attn, n).weight)
-    _copy(ours.out_proj, attn.o_proj.weight)
-    seen, pad, positions = _run_hf(model, attn, 10, True)
-    _compare_attention(ours, seen, pad, positions, True)
+    _copy_llama_weights_and_compare(ours, model, attn)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
