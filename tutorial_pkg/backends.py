@@ -99,7 +99,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from ._checks import _is_fake, check_device, fake_mode_active
+from ._checks import check_device, fake_mode_active
 from .encodings import PositionEncoding, check_learned_device
 
 try:  # FlexAttention: torch >= 2.5
@@ -261,25 +261,6 @@ _tables: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 _block_masks: OrderedDict = OrderedDict()
 
 
-def _state(encoding: PositionEncoding) -> tuple:
-    # Changes when a tensor of the encoding is replaced (.to(), a new cache) or
-    # modified in place (its version counter), or a setting changes, so a stale table
-    # is never served.
-    def token(t: torch.Tensor) -> tuple:
-        # meta and fake tensors have no data pointer (0, and a warning for fake ones)
-        ptr = id(t) if t.device.type == "meta" or _is_fake(t) else t.data_ptr()
-        try:
-            return (ptr, t._version)
-        except RuntimeError:  # inference tensors keep no version counter
-            return (ptr, 0)
-
-    settings = tuple(  # plain attributes (ALiBi's mode, the hybrid's alpha) matter too
-        (name, value) for module in encoding.modules() for name, value in vars(module).items()
-        if isinstance(value, (bool, int, float, str)) and name != "training"
-    )
-    return settings + tuple(token(t) for t in (*encoding.buffers(), *encoding.parameters()))
-
-
 def _overrides(encoding: PositionEncoding, hook: str) -> bool:
     return getattr(type(encoding), hook) is not getattr(PositionEncoding, hook)
 
@@ -288,7 +269,7 @@ def _lookup(encoding: PositionEncoding, key: tuple, size: int, build):
     if fake_mode_active():  # tensors without data: neither stored nor served (module docs)
         return build()
     entries = _tables.setdefault(encoding, OrderedDict())
-    key = (*key, _state(encoding))
+    key = (*key, encoding.cache_key())
     table = entries.get(key)
     if table is None or table.shape[-1] < size:
         table = build()

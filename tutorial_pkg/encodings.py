@@ -40,6 +40,7 @@ import torch
 from torch import nn
 
 from ._checks import (
+    _is_fake,
     as_batched_positions,
     check_choice,
     check_device,
@@ -182,6 +183,30 @@ class PositionEncoding(nn.Module):
     def has_bias(self) -> bool:
         """Whether the class overrides :meth:`bias` (attention asks the hook itself)."""
         return type(self).bias is not PositionEncoding.bias
+
+    def cache_key(self) -> tuple:
+        """What a table built from this encoding depends on: backends key their caches by it.
+
+        The default covers every plain setting (``bool``, ``int``, ``float``, ``str``
+        attributes of the encoding and its submodules, such as ALiBi's mode) and every
+        tensor, by identity and in-place version, so a ``.to()``, a new buffer or an
+        in-place change of the slopes gives a new key and a stale table is never served.
+        Override it (returning a hashable tuple) when a table depends on anything else.
+        """
+        settings = tuple(
+            (name, value) for module in self.modules() for name, value in vars(module).items()
+            if isinstance(value, (bool, int, float, str)) and name != "training"
+        )
+        return settings + tuple(_tensor_token(t) for t in (*self.buffers(), *self.parameters()))
+
+
+def _tensor_token(t: torch.Tensor) -> tuple:
+    # meta and fake tensors have no data pointer (0, and a warning for fake ones)
+    ptr = id(t) if t.device.type == "meta" or _is_fake(t) else t.data_ptr()
+    try:
+        return (ptr, t._version)
+    except RuntimeError:  # inference tensors keep no version counter
+        return (ptr, 0)
 
 
 def check_learned_device(encoding: nn.Module, device) -> None:
