@@ -14,15 +14,15 @@ Chapter 7 (``--out``, default ``book/data/extrapolation_results.json``): for eve
 and every encoding (any name registered in ``tutorial_pkg.encodings.ENCODINGS``), a
 :class:`~tutorial_pkg.experiments.ExperimentConfig` with that ``seed`` (initial weights
 and batch order) and the sizes of ``--d-model``, ``--n-layers``, ``--steps`` (defaults
-64, 2, 600: a third of the default config's cost per step, so that 3 seeds x 6 encodings
-fit in well under an hour on a shared 2-core CPU) is trained at ``L`` and evaluated by
+64, 2, 600: smaller than the default config, so that several seeds of every encoding
+fit on a CPU) is trained at ``L`` and evaluated by
 :func:`~tutorial_pkg.experiments.run_extrapolation` at ``L .. 8L`` (RoPE-based
 encodings also with each scaling rule), then by the copy test
-:func:`~tutorial_pkg.experiments.retrieval_test` and by the mean attention distance of
+:func:`~tutorial_pkg.retrieval.retrieval_test` and by the mean attention distance of
 queries in the last quarter of ``4L``-token windows.
 
 Chapter 6 (``--tasks-out``, default ``book/data/hybrid_results.json``): the accuracy of
-:func:`~tutorial_pkg.experiments.train_task` on both synthetic tasks for every variant
+:func:`~tutorial_pkg.tasks.train_task` on both synthetic tasks for every variant
 of chapter 6 and every seed of ``--task-seeds``.
 
 Each file stores the command line, the run time, the hardware and every per-seed
@@ -54,15 +54,12 @@ from tutorial_pkg.data import load_splits
 from tutorial_pkg.encodings import ENCODINGS
 from tutorial_pkg.experiments import (
     SCALING_TYPES,
-    TASKS,
     ExperimentConfig,
-    HalfSlopeHybrid,
-    copy_distances,
     evaluation_blocks,
-    retrieval_test,
     run_extrapolation,
-    train_task,
 )
+from tutorial_pkg.retrieval import copy_distances, retrieval_test
+from tutorial_pkg.tasks import TASKS, HalfSlopeHybrid, train_task
 
 DEFAULT_ENCODINGS = ["nope", "sinusoidal", "learned", "rope", "alibi", "hybrid"]
 

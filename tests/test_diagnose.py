@@ -307,6 +307,10 @@ def test_bad_input_names_the_argument(ids, learned_lm):
         (TypeError, "dtype", lambda: dg.probe_rope(hf_rope, 8, dtype=torch.int32)),
         (ValueError, "rope", lambda: dg.probe_rope(lambda x: x[..., :2], 8)),
         (TypeError, "reference", lambda: dg.probe_rope_precision(hf_rope, 8, reference=1)),
+        (TypeError, "autocast", lambda: dg.probe_rope_precision(hf_rope, 8, autocast=1)),
+        (TypeError, "dtype", lambda: dg.probe_rope_precision(hf_rope, 8, dtype="bfloat16")),
+        (TypeError, "model", lambda: dg.TutorialAdapter(3)),
+        (TypeError, "n_pad", lambda: dg.check_kv_cache(learned_lm, ids, n_pad=True)),
         (ValueError, "convention", lambda: dg.check_kv_cache(learned_lm, ids, convention="x")),
         (ValueError, "n_pad", lambda: dg.check_kv_cache(learned_lm, ids, n_pad=10)),
         (ValueError, "prefill", lambda: dg.check_kv_cache(learned_lm, ids, prefill=11)),
@@ -317,6 +321,11 @@ def test_bad_input_names_the_argument(ids, learned_lm):
         (ValueError, "inputs", lambda: dg.probe_masking(learned_lm, torch.zeros(2, 4).long())),
         (ValueError, "bias", lambda: dg.probe_alibi(torch.zeros(4, 3, 3), 8)),
         (TypeError, "bias", lambda: dg.probe_alibi("slopes", 8)),
+        (TypeError, "bias", lambda: dg.probe_alibi(lambda L: torch.zeros(8, L, L).long(), 8)),
+        (TypeError, "w_q", lambda: dg.check_weight_conversion(
+            "w", torch.zeros(8, 4), torch.zeros(8, 4), torch.zeros(8, 4), n_heads=2)),
+        (ValueError, "new_w_q", lambda: dg.check_weight_conversion(
+            torch.zeros(8, 4), torch.zeros(8, 4), torch.zeros(8), torch.zeros(8, 4), n_heads=2)),
         (ValueError, "n_kv_heads", lambda: dg.check_weight_conversion(
             torch.zeros(8, 4), torch.zeros(8, 4), torch.zeros(8, 4), torch.zeros(8, 4),
             n_heads=2, n_kv_heads=3)),
@@ -350,6 +359,15 @@ def test_probe_rope_sees_through_an_output_permutation(layout):
     assert "output permuted" in str(report) and "scores unaffected" in str(report)
     plain = dg.probe_rope(rope.rotate, 16)
     assert plain.output_permutation is None and "permuted" not in str(plain)
+
+
+def test_probe_rope_reports_a_permutation_that_rotates_nothing():
+    """Swapping two features is a permutation, not a rotation: nothing is rotated, and the
+    report still prints (the layout is None)."""
+    report = dg.probe_rope(lambda x: x[..., torch.tensor([1, 0, 2, 3])], 4)
+    assert not report.ok and report.layout is None and report.output_permutation == [1, 0, 2, 3]
+    assert "layout None, output permuted" in str(report)
+    assert "nothing is rotated" in str(report)
 
 
 def test_probe_rope_names_a_de_interleaved_output():

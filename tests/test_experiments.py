@@ -1,4 +1,4 @@
-"""Tests of tutorial_pkg.experiments: training, evaluation by length, scaling, records."""
+"""Tests of tutorial_pkg.experiments: training, evaluation by length, scaling, records, seeds."""
 
 from __future__ import annotations
 
@@ -234,6 +234,14 @@ def test_bad_inputs_raise(run, ids):
         ExperimentConfig(steps=1.5)
     with pytest.raises(ValueError, match="schedule"):
         ExperimentConfig(schedule="linear")
+    with pytest.raises(ValueError, match="warmup"):
+        ExperimentConfig(warmup=-1)
+    with pytest.raises(ValueError, match="seed"):
+        ExperimentConfig(seed=-1)
+    with pytest.raises(TypeError, match="weight_decay"):
+        ExperimentConfig(weight_decay="0.1")
+    with pytest.raises(ValueError, match="min_lr_ratio"):
+        ExperimentConfig(min_lr_ratio=1.5)
     with pytest.raises(TypeError, match="eval_multiples"):
         ExperimentConfig(eval_multiples=())
     with pytest.raises(TypeError, match="cfg"):
@@ -257,59 +265,8 @@ def test_bad_inputs_raise(run, ids):
         evaluate(alibi, ids[1], 16, (1, 8), eval_tokens=64)
     with pytest.raises(TypeError, match="records"):
         format_table([])
-
-
-# --------------------------------------------------------------------------- copy test
-
-
-class _Oracle(TinyLM):
-    """A 'model' that predicts token t+1 = the token after the same token's earlier copy."""
-
-    def __init__(self, distance):
-        super().__init__("nope", d_model=8, n_layers=1, n_heads=1)
-        self.distance = distance
-
-    def forward(self, ids, **kwargs):
-        logits = torch.zeros(*ids.shape, 256)
-        d = self.distance
-        # at position i >= d the copy predicts ids[i - d + 1]
-        nxt = torch.zeros_like(ids)
-        nxt[:, d:] = ids[:, 1 : ids.shape[1] - d + 1]
-        logits.scatter_(-1, nxt[..., None], 30.0)
-        return logits
-
-
-def test_retrieval_test_measures_copying(ids):
-    heldout = ids[1]
-    d, s = 40, 8
-    perfect = experiments.retrieval_test(_Oracle(d), heldout, [d], segment_len=s, n_trials=8)[0]
-    assert perfect["nll_copy"] < 1e-6 and perfect["acc_copy"] == 1.0
-    assert perfect["acc_control"] < 0.5 and perfect["gain"] > 5
-    assert perfect["window_len"] == d + s and perfect["note"] == ""
-    # a model that copies from another distance gains nothing at d
-    other = experiments.retrieval_test(_Oracle(d + 3), heldout, [d], segment_len=s, n_trials=8)[0]
-    assert abs(other["gain"]) < 1.0 and other["acc_copy"] < 0.5
-
-
-def test_retrieval_test_deterministic_and_limits(run, ids):
-    _, models = run
-    model = models["rope"][0]
-    a = experiments.retrieval_test(model, ids[1], [8, 24], segment_len=4, n_trials=4)
-    b = experiments.retrieval_test(model, ids[1], [8, 24], segment_len=4, n_trials=4)
-    assert a == b and [r["distance"] for r in a] == [8, 24]
-    learned = experiments.retrieval_test(models["learned"][0], ids[1], [8, 24], segment_len=4,
-                                         n_trials=4)
-    assert learned[0]["gain"] is not None  # window 12 <= 16 positions
-    assert learned[1]["gain"] is None and "cannot represent" in learned[1]["note"]
-    with pytest.raises(ValueError, match="distances"):
-        experiments.retrieval_test(model, ids[1], [2], segment_len=4)
-    with pytest.raises(ValueError, match="segment_len"):
-        experiments.retrieval_test(model, ids[1], [8], segment_len=1)
-    with pytest.raises(TypeError, match="model"):
-        experiments.retrieval_test("rope", ids[1], [8])
-    with pytest.raises(ValueError, match="heldout_ids"):
-        experiments.retrieval_test(model, ids[1][:20], [16], segment_len=4)
-    assert experiments.copy_distances(64) == (32, 128, 256, 496)
+    with pytest.raises(TypeError, match="multiples"):
+        evaluate(alibi, ids[1], 16, 2)
 
 
 def test_summarize_seeds():
@@ -326,35 +283,3 @@ def test_summarize_seeds():
         experiments.summarize_seeds(recs + recs[:1], "v", by=("encoding", "eval_len"))
     with pytest.raises(ValueError, match="'w'"):
         experiments.summarize_seeds(recs, "w", by=("encoding",))
-
-
-def test_task_batches_and_half_slope_hybrid():
-    g = torch.Generator().manual_seed(0)
-    x, y = experiments.task_batch("offset", 4, 20, g)
-    assert x.shape == y.shape == (4, 20)
-    assert (y[:, :3] == -100).all() and torch.equal(y[:, 3:], x[:, :-3])
-    x, y = experiments.task_batch("latest", 64, 50, g)
-    signal = x < 8
-    assert (y[signal] == -100).all()
-    b, i = 5, 40  # the target is the latest signal before position i
-    if y[b, i] != -100:
-        last = max(j for j in range(i) if signal[b, j])
-        assert y[b, i] == x[b, last]
-    assert ((y == -100) | (y < 8)).all()
-    with pytest.raises(ValueError, match="task"):
-        experiments.task_batch("copy", 4, 20, g)
-    half = experiments.HalfSlopeHybrid(8, 4)
-    full = experiments.Hybrid(8, 4)
-    torch.testing.assert_close(half.effective_slopes(), 0.5 * full.effective_slopes())
-    # the articles' alpha-mix = the half-slope hybrid with queries scaled by alpha
-    alpha = experiments.Hybrid(8, 4, mix="alpha", alpha=0.5)
-    pos = torch.arange(6)
-    torch.testing.assert_close(alpha.bias(pos, pos), half.bias(pos, pos))
-    with pytest.raises(ValueError, match="mix"):
-        experiments.HalfSlopeHybrid(8, 4, mix="alpha")
-
-
-def test_train_task_is_deterministic():
-    a, _ = experiments.train_task("offset", "rope", 0, steps=3, eval_lens=(8, 16), train_len=8)
-    b, _ = experiments.train_task("offset", "rope", 0, steps=3, eval_lens=(8, 16), train_len=8)
-    assert a == b and set(a) == {8, 16} and all(0 <= v <= 1 for v in a.values())

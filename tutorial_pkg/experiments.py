@@ -1,29 +1,22 @@
 """Train at a short length, evaluate perplexity at longer ones. Chapter 7.
 
-The experiment of chapter 7, in four functions:
-
 * :func:`train` trains a :class:`~tutorial_pkg.model.TinyLM` with one encoding on windows
-  of ``train_len`` tokens. For a given :class:`ExperimentConfig` every encoding starts
-  from the **same initial weights** (TinyLM builds them from ``seed``) and sees the
-  **same batches in the same order** (:func:`training_batches` draws them from its own
-  ``torch.Generator``), so the encodings differ in nothing but the encoding.
-* :func:`evaluate` measures held-out perplexity at ``eval_len = m * train_len`` for each
-  multiple ``m``. The **same held-out tokens** are used at every length: they are cut
-  into blocks of the longest length, and each block into windows of each shorter
-  length (non-overlapping, every token scored once). Perplexity is reported over all
-  tokens and over the **last quarter** of each window: the all-token mean of a window
-  of ``8 L`` tokens still contains ``L`` tokens at familiar positions, which hides how
-  badly the model does past ``L``.
-* RoPE scaling rules (position interpolation, NTK-aware, YaRN) are applied **at
-  evaluation only**, with ``factor = eval_len / train_len``, through the encoding's
-  ``set_scaling``, and the original rule is restored afterwards (:func:`scaled_rope`).
-* :func:`run_extrapolation` does both for a list of encodings and returns flat
-  records (a list of dicts) that :func:`format_table` and
-  :func:`tutorial_pkg.plotting.records_curves` take directly.
+  of ``train_len`` tokens. For one :class:`ExperimentConfig` every encoding starts from
+  the **same initial weights** and sees the **same batches in the same order**
+  (:func:`training_batches`), so the encodings differ in nothing but the encoding.
+* :func:`evaluate` scores the **same held-out tokens** at every length ``m * train_len``
+  (:func:`evaluation_blocks`), over all tokens and over the **last quarter** of each
+  window, where every position is past the familiar ones.
+* RoPE scaling rules are applied **at evaluation only**, with ``factor = eval_len /
+  train_len``, and the original rule is restored afterwards (:func:`scaled_rope`).
+* :func:`run_extrapolation` does both for a list of encodings and returns flat records
+  (dicts) for :func:`format_table`, :func:`tutorial_pkg.plotting.records_curves` and,
+  over several training seeds, :func:`summarize_seeds`.
 
-An encoding that cannot represent a position (the learned table knows positions
-``< max_len`` only) gets ``None`` perplexities and a ``note`` for those lengths: the
-run neither crashes nor reports numbers it did not measure.
+An encoding that cannot represent a position (:func:`position_limit`) gets ``None``
+perplexities and a ``note`` for those lengths: the run neither crashes nor reports
+numbers it did not measure. The copy test past the training length is
+:mod:`tutorial_pkg.retrieval`; chapter 6's synthetic tasks are :mod:`tutorial_pkg.tasks`.
 
 Example:
     >>> cfg = ExperimentConfig(d_model=32, n_layers=1, steps=20, train_len=16,
@@ -44,10 +37,17 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
-from ._checks import check_choice, check_positive_float, check_positive_int
+from ._checks import (
+    check_choice,
+    check_nonneg_int,
+    check_number,
+    check_positive_float,
+    check_positive_int,
+)
 from .data import batch_iterator, eval_windows, load_splits
-from .encodings import ENCODINGS, Hybrid, PositionEncoding
+from .encodings import ENCODINGS, PositionEncoding
 from .model import TinyLM
+from .records import text_table
 
 __all__ = [
     "SCALING_TYPES",
@@ -62,13 +62,7 @@ __all__ = [
     "evaluate",
     "run_extrapolation",
     "format_table",
-    "retrieval_test",
-    "copy_distances",
     "summarize_seeds",
-    "TASKS",
-    "task_batch",
-    "train_task",
-    "HalfSlopeHybrid",
 ]
 
 #: RoPE scaling rules :func:`run_extrapolation` can apply at evaluation time.
@@ -79,8 +73,9 @@ SCALING_TYPES = ("linear", "ntk", "yarn")
 class ExperimentConfig:
     """Sizes and hyper-parameters of the length-extrapolation experiment.
 
-    The defaults are sized for a 2-core CPU (six encodings trained and evaluated in
-    a few minutes); :meth:`gpu` is the larger setting for a GPU.
+    The defaults are the CPU setting; :meth:`gpu` is the larger setting for a GPU.
+    Every field is checked when the config is built (``TypeError`` for a wrong type,
+    ``ValueError`` for a value out of range, naming the field).
 
     Attributes:
         d_model: model width.
@@ -95,15 +90,15 @@ class ExperimentConfig:
         min_lr_ratio: final learning rate of the cosine schedule, relative to ``lr``.
         weight_decay: AdamW weight decay of the matrices (not of norms/biases).
         grad_clip: max global gradient norm.
-        seed: seed of the initial weights and of the batch generator.
+        seed: seed (int >= 0) of the initial weights and of the batch generator.
         eval_multiples: evaluation lengths as multiples of ``train_len``.
         eval_tokens: held-out tokens scored at each length (cap; the same tokens at
             every length, rounded down to a multiple of the longest length).
         eval_batch_tokens: tokens per evaluation forward pass.
         heldout_fraction: fraction of plays held out (see :func:`~tutorial_pkg.data.load_splits`).
-        backend: attention backend for training and evaluation (``"sdpa"``, which
-            chapter 7's recorded run used; :class:`~tutorial_pkg.model.TinyLM`
-            defaults to ``"auto"``, which holds no ``(H, L, L)`` ALiBi table).
+        backend: attention backend for training and evaluation (default ``"sdpa"``;
+            :class:`~tutorial_pkg.model.TinyLM` defaults to ``"auto"``, which holds no
+            ``(H, L, L)`` ALiBi table).
         device: ``"cpu"``, ``"cuda"``, ... or ``None`` for CUDA when available.
         amp: bfloat16 autocast (CUDA only).
     """
@@ -133,10 +128,8 @@ class ExperimentConfig:
         for name in ("d_model", "n_layers", "n_heads", "train_len", "steps", "batch_size",
                      "eval_tokens", "eval_batch_tokens"):
             check_positive_int(name, getattr(self, name))
-        if isinstance(self.warmup, bool) or not isinstance(self.warmup, int) or self.warmup < 0:
-            raise ValueError(f"warmup must be an int >= 0, got {self.warmup!r}")
-        if isinstance(self.seed, bool) or not isinstance(self.seed, int):
-            raise TypeError(f"seed must be an int, got {type(self.seed).__name__}")
+        check_nonneg_int("warmup", self.warmup)
+        check_nonneg_int("seed", self.seed)
         if self.d_model % self.n_heads:
             raise ValueError(
                 f"d_model ({self.d_model}) must be divisible by n_heads ({self.n_heads})"
@@ -144,18 +137,12 @@ class ExperimentConfig:
         check_positive_float("lr", self.lr)
         check_positive_float("grad_clip", self.grad_clip)
         check_choice("schedule", self.schedule, ("cosine", "constant"))
-        if not 0.0 <= self.min_lr_ratio <= 1.0:
+        if not 0.0 <= check_number("min_lr_ratio", self.min_lr_ratio) <= 1.0:
             raise ValueError(f"min_lr_ratio must lie in [0, 1], got {self.min_lr_ratio!r}")
-        if self.weight_decay < 0:
+        if check_number("weight_decay", self.weight_decay) < 0:
             raise ValueError(f"weight_decay must be >= 0, got {self.weight_decay!r}")
-        multiples = self.eval_multiples
-        if isinstance(multiples, (str, bytes)) or not isinstance(multiples, Sequence) or not (
-            multiples
-        ):
-            raise TypeError(f"eval_multiples must be a non-empty tuple of ints, got {multiples!r}")
-        for m in multiples:
-            check_positive_int("eval_multiples[i]", m)
-        object.__setattr__(self, "eval_multiples", tuple(multiples))
+        multiples = _positive_ints("eval_multiples", self.eval_multiples)
+        object.__setattr__(self, "eval_multiples", multiples)
         if self.eval_tokens < max(multiples) * self.train_len:
             raise ValueError(
                 f"eval_tokens ({self.eval_tokens}) must be >= the longest evaluation length "
@@ -194,6 +181,12 @@ class ExperimentConfig:
 
 
 # --------------------------------------------------------------------------- training
+
+
+def _positive_ints(name: str, values: Sequence[int]) -> tuple[int, ...]:
+    if isinstance(values, (str, bytes)) or not isinstance(values, Sequence) or not values:
+        raise TypeError(f"{name} must be a non-empty sequence of ints, got {values!r}")
+    return tuple(check_positive_int(f"{name}[i]", v) for v in values)
 
 
 def _check_config(cfg) -> ExperimentConfig:
@@ -271,9 +264,9 @@ def _optimizer(model: torch.nn.Module, cfg: ExperimentConfig) -> torch.optim.Opt
     return torch.optim.AdamW(groups, lr=cfg.lr, betas=(0.9, 0.95))
 
 
-def _autocast(cfg: ExperimentConfig, device: torch.device):
-    enabled = cfg.amp and device.type == "cuda"
-    return torch.autocast(device.type, dtype=torch.bfloat16, enabled=enabled)
+def _autocast(amp: bool, device: torch.device):
+    # bfloat16 autocast on CUDA only: a CPU run stays float32 whatever ``amp`` says
+    return torch.autocast(device.type, dtype=torch.bfloat16, enabled=amp and device.type == "cuda")
 
 
 def train(
@@ -321,7 +314,7 @@ def train(
                disable=not progress, mininterval=2.0, leave=True)
     for step, (x, y) in enumerate(bar):
         x, y = x.to(device), y.to(device)
-        with _autocast(cfg, device):
+        with _autocast(cfg.amp, device):
             loss = model.loss(x, y)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
@@ -420,13 +413,12 @@ def evaluation_blocks(
 
 
 @torch.no_grad()
-def _token_nll(model, x, y, batch_windows, device, cfg_amp, bar) -> torch.Tensor:
+def _token_nll(model, x, y, batch_windows, device, amp, bar) -> torch.Tensor:
     """Negative log-likelihood of every target token, ``[W, T]`` float64 on the CPU."""
     out = []
     for i in range(0, x.shape[0], batch_windows):
         xb, yb = x[i : i + batch_windows].to(device), y[i : i + batch_windows].to(device)
-        with torch.autocast(device.type, dtype=torch.bfloat16,
-                            enabled=cfg_amp and device.type == "cuda"):
+        with _autocast(amp, device):
             logits = model(xb)
         nll = F.cross_entropy(logits.float().transpose(1, 2), yb, reduction="none")
         out.append(nll.double().cpu())
@@ -481,9 +473,7 @@ def evaluate(
     if not isinstance(model, TinyLM):
         raise TypeError(f"model must be a TinyLM, got {type(model).__name__}")
     check_positive_int("train_len", train_len)
-    if isinstance(multiples, (str, bytes)) or not isinstance(multiples, Sequence) or not multiples:
-        raise TypeError(f"multiples must be a non-empty sequence of ints, got {multiples!r}")
-    multiples = tuple(check_positive_int("multiples[i]", m) for m in multiples)
+    multiples = _positive_ints("multiples", multiples)
     if scaling is not None:
         check_choice("scaling", scaling, SCALING_TYPES)
         _check_scalable(model)
@@ -630,11 +620,17 @@ def format_table(
         digits: decimals.
 
     Returns:
-        The table; ``n/a`` marks a value that was not measured, and each distinct
-        ``note`` is listed below the table.
+        The table, in the layout of the benchmark tables (``text_table``) under a title
+        line; ``n/a`` marks a value that was not measured, and each distinct ``note`` is
+        listed below the table.
+
+    Raises:
+        TypeError: if ``records`` is not a non-empty list of dicts.
+        ValueError: if ``value`` is not a record key.
     """
     if isinstance(records, Mapping) or not isinstance(records, Sequence) or not records:
         raise TypeError("records must be a non-empty list of dicts")
+    check_nonneg_int("digits", digits)
     if value not in records[0]:
         raise ValueError(f"value must be a record key such as 'ppl_all', got {value!r}")
     lengths = sorted({(r["eval_len"], r["ratio"]) for r in records})
@@ -651,158 +647,12 @@ def format_table(
                 notes[r["note"]].append(r["encoding"])
     header = ["encoding", "scaling"] + [f"{n} ({m}x)" for n, m in lengths]
     body = [[enc, sc] + [cells.get(n, "") for n, _ in lengths] for (enc, sc), cells in rows.items()]
-    widths = [max(len(row[i]) for row in [header, *body]) for i in range(len(header))]
-
-    def line(row):
-        left = [row[i].ljust(widths[i]) for i in range(2)]
-        right = [row[i].rjust(widths[i]) for i in range(2, len(row))]
-        return "  ".join(left + right).rstrip()
-
     out = [f"{value} by evaluation length (train_len = "
-           f"{', '.join(str(t) for t in sorted({r['train_len'] for r in records}))})",
-           line(header), line(["-" * w for w in widths])]
-    out += [line(row) for row in body]
+           f"{', '.join(str(t) for t in sorted({r['train_len'] for r in records}))})"]
+    out += text_table(header, body, left=2)
     for note, encs in notes.items():
         out.append(f"n/a: {', '.join(encs)}: {note}")
     return "\n".join(out)
-
-
-
-# --------------------------------------------------------------------------- retrieval
-
-
-def copy_distances(train_len: int, segment_len: int | None = None) -> tuple[int, ...]:
-    """The copy distances chapter 7 tests: ``L/2`` (inside ``L``), ``2L``, ``4L`` and ``8L - s``.
-
-    ``s = segment_len`` (default ``L // 4``); the longest window, ``8L - s + s = 8L``, is the
-    longest evaluation length of :class:`ExperimentConfig`'s default multiples.
-    """
-    check_positive_int("train_len", train_len)
-    s = train_len // 4 if segment_len is None else check_positive_int("segment_len", segment_len)
-    return (train_len // 2, 2 * train_len, 4 * train_len, 8 * train_len - s)
-
-
-@torch.no_grad()
-def retrieval_test(
-    model: TinyLM,
-    heldout_ids: torch.Tensor,
-    distances: Sequence[int],
-    *,
-    segment_len: int = 16,
-    n_trials: int = 64,
-    batch_tokens: int = 8192,
-    seed: int = 0,
-    encoding_name: str | None = None,
-) -> list[dict]:
-    """Can the model copy a segment it saw ``d`` tokens earlier? A copy test past ``L``.
-
-    For each distance ``d`` and each of ``n_trials`` trials, three held-out chunks are
-    drawn (a segment ``A`` and a control segment ``B`` of ``segment_len = s`` tokens,
-    a filler of ``d - s`` tokens) and two windows of ``d + s`` tokens are scored:
-
-    * **copy**: ``A + filler + A``: the second ``A`` repeats the first, ``d`` tokens back;
-    * **control**: ``B + filler + A``: the same tokens at the same positions, nothing to copy.
-
-    The scored targets are the last ``s - 1`` tokens of the second ``A`` (its first token
-    cannot be known to start a copy). A model that retrieves from ``d`` tokens back
-    predicts them far better in the copy window (``nll_copy`` near 0) than in the control
-    window, whose loss is the ordinary language-model loss: ``gain = nll_control -
-    nll_copy`` (nats per token) measures retrieval, with position effects cancelled.
-    The chunks come from a ``torch.Generator`` seeded with ``seed``, so every model sees
-    the same windows.
-
-    Args:
-        model: a trained :class:`~tutorial_pkg.model.TinyLM`.
-        heldout_ids: ``(N,)`` held-out tokens, ``N > max(distances) + 2 s``.
-        distances: copy distances ``d >= s`` (ints).
-        segment_len: ``s``, tokens per segment (``>= 2``).
-        n_trials: windows per distance and kind.
-        batch_tokens: tokens per forward pass.
-        seed: seed of the chunk positions.
-        encoding_name: name written in the records (default: the encoding's ``name``).
-
-    Returns:
-        A list with one record (dict) per distance, with the keys ``encoding``,
-        ``distance``, ``window_len``, ``segment_len``, ``n_trials``, ``nll_copy``,
-        ``nll_control``, ``gain``, ``acc_copy``, ``acc_control`` (top-1 accuracy of the
-        scored tokens) and ``note``.
-        Where the encoding cannot represent the window (:func:`position_limit`) the
-        measures are ``None`` and ``note`` says why.
-    """
-    if not isinstance(model, TinyLM):
-        raise TypeError(f"model must be a TinyLM, got {type(model).__name__}")
-    if not isinstance(heldout_ids, torch.Tensor) or heldout_ids.dim() != 1:
-        raise TypeError("heldout_ids must be a 1-D tensor of token ids")
-    if isinstance(distances, (str, bytes)) or not isinstance(distances, Sequence) or not distances:
-        raise TypeError(f"distances must be a non-empty sequence of ints, got {distances!r}")
-    s = check_positive_int("segment_len", segment_len)
-    if s < 2:
-        raise ValueError(f"segment_len must be >= 2, got {s}")
-    distances = tuple(check_positive_int("distances[i]", d) for d in distances)
-    for d in distances:
-        if d < s:
-            raise ValueError(f"distances must be >= segment_len ({s}), got {d}")
-    check_positive_int("n_trials", n_trials)
-    check_positive_int("batch_tokens", batch_tokens)
-    if isinstance(seed, bool) or not isinstance(seed, int):
-        raise TypeError(f"seed must be an int, got {type(seed).__name__}")
-    n = heldout_ids.numel()
-    if n <= max(distances) + 2 * s:
-        raise ValueError(
-            f"heldout_ids has {n} tokens; the longest test needs more than "
-            f"{max(distances) + 2 * s}"
-        )
-    name = encoding_name or model.encoding.name
-    device = next(model.parameters()).device
-    limit = position_limit(model)
-    gen = torch.Generator().manual_seed(seed)
-    was_training = model.training
-    model.eval()
-    records = []
-    try:
-        for d in distances:
-            window = d + s
-            record = {"encoding": name, "distance": d, "window_len": window, "segment_len": s,
-                      "n_trials": n_trials, "nll_copy": None, "nll_control": None,
-                      "gain": None, "acc_copy": None, "acc_control": None, "note": ""}
-            # chunk starts are drawn for every distance, so the draws do not depend on
-            # which distances a model can represent
-            starts = torch.randint(0, n - window, (n_trials, 3), generator=gen)
-            if limit is not None and window > limit:
-                record["note"] = f"cannot represent positions >= {limit}"
-                records.append(record)
-                continue
-            ar = torch.arange(window)
-            base = heldout_ids[starts[:, :1] + ar]  # filler around the segments
-            seg_a = heldout_ids[starts[:, 1:2] + torch.arange(s)]
-            seg_b = heldout_ids[starts[:, 2:3] + torch.arange(s)]
-            copy = base.clone()
-            copy[:, :s], copy[:, d:] = seg_a, seg_a
-            control = copy.clone()
-            control[:, :s] = seg_b
-            x_all = torch.cat([copy, control]).long()
-            rows = max(1, batch_tokens // window)
-            nll, hit = [], []
-            for i in range(0, x_all.shape[0], rows):
-                xb = x_all[i : i + rows].to(device)
-                logits = model(xb[:, :-1])[:, d:].float()  # predict tokens d+1 .. d+s-1
-                target = xb[:, d + 1 :]
-                nll.append(F.cross_entropy(logits.transpose(1, 2), target, reduction="none")
-                           .double().cpu())
-                hit.append((logits.argmax(-1) == target).double().cpu())
-            nll_t, hit_t = torch.cat(nll), torch.cat(hit)
-            record.update(
-                nll_copy=nll_t[:n_trials].mean().item(),
-                nll_control=nll_t[n_trials:].mean().item(),
-                acc_copy=hit_t[:n_trials].mean().item(),
-                acc_control=hit_t[n_trials:].mean().item(),
-            )
-            record["gain"] = record["nll_control"] - record["nll_copy"]
-            records.append(record)
-    finally:
-        model.train(was_training)
-    return records
-
 
 # --------------------------------------------------------------------------- seeds
 
@@ -856,131 +706,3 @@ def summarize_seeds(
                     "min": v.min().item(), "max": v.max().item(), "n": len(pairs),
                     "seeds": sorted(seeds)})
     return out
-
-
-# --------------------------------------------------------------------------- chapter 6 tasks
-
-#: The synthetic tasks of chapter 6.
-TASKS = ("offset", "latest")
-
-
-class HalfSlopeHybrid(Hybrid):
-    """The additive hybrid with every ALiBi slope multiplied by ``slope_scale`` (default 1/2).
-
-    Chapter 6's control for the articles' alpha-mix: ``alpha S + (1 - alpha) B`` equals
-    ``S' + (1 - alpha) B`` once the query weights absorb ``alpha`` (``S'`` the scores of
-    queries ``alpha q``), i.e. the additive hybrid with slopes ``(1 - alpha) m_h``.
-    Same hooks and sizes as :class:`~tutorial_pkg.encodings.Hybrid` (``mix="add"``).
-    """
-
-    name = "hybrid_half"
-
-    def __init__(self, head_dim: int, n_heads: int, base: float = 10000.0, *,
-                 slope_scale: float = 0.5, **kwargs) -> None:
-        if "mix" in kwargs:
-            raise ValueError("HalfSlopeHybrid is additive: do not pass mix")
-        super().__init__(head_dim, n_heads, base, **kwargs)
-        self.slope_scale = check_positive_float("slope_scale", slope_scale)
-
-    def effective_slopes(self) -> torch.Tensor:
-        return super().effective_slopes() * self.slope_scale
-
-
-def task_batch(
-    task: str,
-    batch: int,
-    length: int,
-    generator: torch.Generator,
-    *,
-    vocab: int = 32,
-    offset: int = 3,
-    n_signal: int = 8,
-    p_signal: float = 0.1,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """A batch of chapter 6's synthetic tasks: ``(x, y)``, int64 ``[batch, length]``.
-
-    * ``"offset"`` (offset copy): ``x`` uniform over ``vocab``; ``y[:, i] = x[:, i - offset]``
-      (a precise relative position).
-    * ``"latest"`` (latest signal): tokens ``< n_signal`` are signals (probability
-      ``p_signal``), the rest noise; at each noise position the target is the most recent
-      signal before it (content plus recency).
-
-    Positions without a target hold ``-100`` (``cross_entropy``'s ``ignore_index``).
-    """
-    check_choice("task", task, TASKS)
-    check_positive_int("batch", batch)
-    check_positive_int("length", length)
-    check_positive_int("vocab", vocab)
-    if not isinstance(generator, torch.Generator):
-        raise TypeError(f"generator must be a torch.Generator, got {type(generator).__name__}")
-    if task == "offset":
-        check_positive_int("offset", offset)
-        if offset >= length:
-            raise ValueError(f"offset ({offset}) must be < length ({length})")
-        x = torch.randint(0, vocab, (batch, length), generator=generator)
-        y = torch.full_like(x, -100)
-        y[:, offset:] = x[:, :-offset]
-        return x, y
-    check_positive_int("n_signal", n_signal)
-    if n_signal >= vocab:
-        raise ValueError(f"n_signal ({n_signal}) must be < vocab ({vocab})")
-    if not 0.0 < p_signal < 1.0:
-        raise ValueError(f"p_signal must lie in (0, 1), got {p_signal!r}")
-    signal = torch.rand(batch, length, generator=generator) < p_signal
-    x = torch.where(signal, torch.randint(0, n_signal, (batch, length), generator=generator),
-                    torch.randint(n_signal, vocab, (batch, length), generator=generator))
-    where = torch.where(signal, torch.arange(length).expand(batch, length), -1)
-    last = torch.cummax(where, dim=1).values  # position of the latest signal so far
-    y = torch.where(last >= 0, x.gather(1, last.clamp(min=0)), -100)
-    return x, y.masked_fill(signal, -100)  # no target where the token is itself a signal
-
-
-def train_task(
-    task: str,
-    encoding: str | PositionEncoding,
-    seed: int = 0,
-    *,
-    encoding_kwargs: dict | None = None,
-    train_len: int = 32,
-    eval_lens: Sequence[int] = (32, 64, 128),
-    steps: int = 300,
-    batch: int = 32,
-    eval_batch: int = 64,
-    d_model: int = 32,
-    n_heads: int = 4,
-    lr: float = 3e-3,
-    vocab: int = 32,
-    device: str | torch.device = "cpu",
-) -> tuple[dict[int, float], TinyLM]:
-    """Train a one-layer TinyLM on a task of :func:`task_batch`; test it at ``eval_lens``.
-
-    ``seed`` sets the initial weights and the training batches; the test batches come
-    from a generator seeded with 1000 (the same for every model).
-
-    Returns:
-        ``(accuracy, model)``: ``{length: top-1 accuracy over positions with a target}``
-        and the trained model (eval mode).
-    """
-    check_choice("task", task, TASKS)
-    if isinstance(seed, bool) or not isinstance(seed, int):
-        raise TypeError(f"seed must be an int, got {type(seed).__name__}")
-    check_positive_int("steps", steps)
-    model = TinyLM(encoding, vocab_size=vocab, d_model=d_model, n_layers=1, n_heads=n_heads,
-                   seed=seed, encoding_kwargs=encoding_kwargs).to(device)
-    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
-    gen = torch.Generator().manual_seed(seed)
-    for _ in range(steps):
-        x, y = task_batch(task, batch, train_len, gen, vocab=vocab)
-        logits = model(x.to(device))
-        loss = F.cross_entropy(logits.flatten(0, 1), y.to(device).flatten(), ignore_index=-100)
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-    model.eval()
-    test_gen, acc = torch.Generator().manual_seed(1000), {}
-    with torch.no_grad():
-        for n in eval_lens:
-            x, y = task_batch(task, eval_batch, n, test_gen, vocab=vocab)
-            pred, y = model(x.to(device)).argmax(-1), y.to(device)
-            acc[n] = ((pred == y) & (y != -100)).sum().item() / (y != -100).sum().item()
-    return acc, model

@@ -49,10 +49,8 @@ soft-capping, a norm of another class, MPT's ``clip_qkv`` or ``qk_ln``) is refus
 each ``m_h * j`` to bfloat16 whatever the model's dtype; the loaded layer's ALiBi
 keeps them in float32 (see :class:`~tutorial_pkg.encodings.ALiBi`). With a
 power-of-two head count and key positions below 256 both are exact and the outputs
-agree (tests/test_hf_oracle.py: 8 heads, 10 tokens); otherwise they differ by that
-rounding, and the ALiBi docstring's ``FalconBF16ALiBi`` recipe, set as the loaded
-layer's ``encoding``, reproduces it. Falcon's ALiBi layers are held to transformers'
-``attn_implementation="sdpa"``: transformers 5.24's eager Falcon adds the bias twice.
+agree; otherwise they differ by that rounding, and the ALiBi docstring's
+``FalconBF16ALiBi`` recipe, set as the loaded layer's ``encoding``, reproduces it.
 
 Differences that are conventions, not numbers: BLOOM's attention module adds the
 residual to its output (``dense(context) + residual``); the loaded layer returns

@@ -1,0 +1,59 @@
+"""Tests of tutorial_pkg.tasks: chapter 6's synthetic tasks and the half-slope control."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tutorial_pkg.encodings import Hybrid
+from tutorial_pkg.tasks import HalfSlopeHybrid, task_batch, train_task
+
+
+def test_task_batches_and_half_slope_hybrid():
+    g = torch.Generator().manual_seed(0)
+    x, y = task_batch("offset", 4, 20, g)
+    assert x.shape == y.shape == (4, 20)
+    assert (y[:, :3] == -100).all() and torch.equal(y[:, 3:], x[:, :-3])
+    x, y = task_batch("latest", 64, 50, g)
+    signal = x < 8
+    assert (y[signal] == -100).all()
+    b, i = 5, 40  # the target is the latest signal before position i
+    if y[b, i] != -100:
+        last = max(j for j in range(i) if signal[b, j])
+        assert y[b, i] == x[b, last]
+    assert ((y == -100) | (y < 8)).all()
+    with pytest.raises(ValueError, match="task"):
+        task_batch("copy", 4, 20, g)
+    half = HalfSlopeHybrid(8, 4)
+    full = Hybrid(8, 4)
+    torch.testing.assert_close(half.effective_slopes(), 0.5 * full.effective_slopes())
+    # the articles' alpha-mix = the half-slope hybrid with queries scaled by alpha
+    alpha = Hybrid(8, 4, mix="alpha", alpha=0.5)
+    pos = torch.arange(6)
+    torch.testing.assert_close(alpha.bias(pos, pos), half.bias(pos, pos))
+    with pytest.raises(ValueError, match="mix"):
+        HalfSlopeHybrid(8, 4, mix="alpha")
+
+
+def test_train_task_is_deterministic():
+    a, _ = train_task("offset", "rope", 0, steps=3, eval_lens=(8, 16), train_len=8)
+    b, _ = train_task("offset", "rope", 0, steps=3, eval_lens=(8, 16), train_len=8)
+    assert a == b and set(a) == {8, 16} and all(0 <= v <= 1 for v in a.values())
+
+
+def test_bad_task_inputs_raise():
+    g = torch.Generator().manual_seed(0)
+    with pytest.raises(ValueError, match="offset"):
+        task_batch("offset", 2, 3, g, offset=3)
+    with pytest.raises(ValueError, match="n_signal"):
+        task_batch("latest", 2, 8, g, n_signal=32)
+    with pytest.raises(ValueError, match="p_signal"):
+        task_batch("latest", 2, 8, g, p_signal=1.0)
+    with pytest.raises(TypeError, match="p_signal"):
+        task_batch("latest", 2, 8, g, p_signal="0.1")
+    with pytest.raises(TypeError, match="generator"):
+        task_batch("offset", 2, 8, 0)
+    with pytest.raises(ValueError, match="seed"):
+        train_task("offset", "rope", -1, steps=1)
+    with pytest.raises(ValueError, match="slope_scale"):
+        HalfSlopeHybrid(8, 4, slope_scale=0.0)
