@@ -51,7 +51,7 @@ except ImportError:  # run from a checkout without installing the package
 
 from tutorial_pkg.benchmark import hardware_info
 from tutorial_pkg.data import load_splits
-from tutorial_pkg.encodings import ENCODINGS
+from tutorial_pkg.encodings import ENCODINGS, Hybrid
 from tutorial_pkg.experiments import (
     SCALING_TYPES,
     ExperimentConfig,
@@ -59,7 +59,7 @@ from tutorial_pkg.experiments import (
     run_extrapolation,
 )
 from tutorial_pkg.retrieval import copy_distances, retrieval_test
-from tutorial_pkg.tasks import TASKS, HalfSlopeHybrid, train_task
+from tutorial_pkg.tasks import TASKS, train_task
 
 DEFAULT_ENCODINGS = ["nope", "sinusoidal", "learned", "rope", "alibi", "hybrid"]
 
@@ -69,7 +69,7 @@ TASK_VARIANTS = {
     "alibi": ("alibi", {}),
     "hybrid": ("hybrid", {}),
     "hybrid_learnable": ("hybrid", {"learnable_scale": True}),
-    "hybrid_half": (None, {}),  # HalfSlopeHybrid: additive, slopes / 2 (the control)
+    "hybrid_half": (None, {}),  # the additive hybrid at half slopes (the control)
     "seed_alpha": ("hybrid", {"mix": "alpha", "alpha": 0.5}),
 }
 
@@ -127,7 +127,7 @@ def run_chapter6(args, device):
         t0 = time.perf_counter()
         for task in TASKS:
             for label, (name, kwargs) in TASK_VARIANTS.items():
-                encoding = name if name is not None else HalfSlopeHybrid(32 // 4, 4)
+                encoding = name if name is not None else Hybrid(32 // 4, 4, bias_scale=0.5)
                 acc, _ = train_task(task, encoding, seed, encoding_kwargs=kwargs or None,
                                     steps=20 if args.quick else 300, device=device)
                 records.append({"seed": seed, "task": task, "encoding": label,

@@ -154,10 +154,7 @@ class BiasOnly(LogDistanceBias):
 
 
 @pytest.mark.skipif(not backends.flex_available()[0], reason="FlexAttention unavailable")
-def test_flex_falls_back_for_an_encoding_without_score_mod(monkeypatch):
-    from tutorial_pkg import attention
-
-    monkeypatch.setattr(attention, "_warned", set())
+def test_flex_falls_back_for_an_encoding_without_score_mod():
     torch.manual_seed(0)
     flex = MultiHeadAttention(32, 4, BiasOnly(4), backend="flex", compile_flex=False)
     naive = MultiHeadAttention(32, 4, BiasOnly(4), backend="naive")

@@ -21,10 +21,12 @@ from tutorial_pkg.encodings import (
     Rotary,
     Sinusoidal,
     make_encoding,
+    register_encoding,
 )
 from tutorial_pkg.relative_bias import T5RelativeBias
 from tutorial_pkg.rope import RotaryEmbedding
-from tutorial_pkg.schedules import LocalGlobal, NoPEEvery
+from tutorial_pkg.rope_config import read_rope_config
+from tutorial_pkg.schedules import LayerSchedule, LocalGlobal, NoPEEvery
 from tutorial_pkg.sinusoidal import sinusoidal_table
 
 D_MODEL, N_HEADS, HEAD_DIM = 16, 4, 4
@@ -41,7 +43,34 @@ def test_registry_names_and_classes():
     assert {"nope", "sinusoidal", "learned", "rope", "alibi", "hybrid", "t5", "irope",
             "local_global"} <= set(ENCODINGS)
     for name, cls in ENCODINGS.items():
-        assert cls.name == name and issubclass(cls, PositionEncoding)
+        assert cls.name == name and issubclass(cls, (PositionEncoding, LayerSchedule))
+    # schedules are registered by name, but they are not encodings
+    for name in ("irope", "local_global"):
+        assert not issubclass(ENCODINGS[name], PositionEncoding)
+
+
+def test_register_encoding_adds_a_class_and_refuses_what_is_not_one():
+    class Mine(NoPE):
+        name = "mine_test"
+
+    try:
+        assert register_encoding(Mine) is Mine and ENCODINGS["mine_test"] is Mine
+        assert type(make_encoding("mine_test")) is Mine
+        register_encoding(Mine)  # the same class again: nothing to refuse
+        with pytest.raises(ValueError, match="mine_test"):
+            register_encoding(type("Other", (NoPE,), {"name": "mine_test"}))
+        assert register_encoding(Mine, "mine_alias") is Mine and ENCODINGS["mine_alias"] is Mine
+    finally:
+        ENCODINGS.pop("mine_test", None)
+        ENCODINGS.pop("mine_alias", None)
+    with pytest.raises(TypeError, match="cls"):
+        register_encoding(NoPE())  # an instance, not a class
+    with pytest.raises(TypeError, match="cls"):
+        register_encoding(dict)
+    with pytest.raises(TypeError, match="name"):
+        register_encoding(Mine, "")
+    with pytest.raises(ValueError, match="rope"):
+        register_encoding(Mine, "rope")  # a built-in name is not overwritten by accident
 
 
 @pytest.mark.parametrize(
@@ -282,3 +311,70 @@ def test_hybrid_is_a_rotary_and_an_alibi_composed():
     torch.testing.assert_close(enc.bias(pos, pos), enc.alibi.bias(pos, pos))
     enc.set_scaling({"type": "linear", "factor": 2.0})
     assert enc.scaling == {"type": "linear", "factor": 2.0} == enc.rotary.scaling
+
+
+def test_hybrid_from_parts_equals_hybrid_from_sizes():
+    rotary, alibi = Rotary(HEAD_DIM, 500.0, layout="interleaved"), ALiBi(N_HEADS, mode="key_only")
+    parts = Hybrid(rotary, alibi, mix="alpha", alpha=0.3)
+    sizes = Hybrid(HEAD_DIM, N_HEADS, 500.0, layout="interleaved", mode="key_only", mix="alpha",
+                   alpha=0.3)
+    assert parts.rotary is rotary and parts.alibi is alibi  # shared, not copied
+    assert Hybrid(rotary.rope, N_HEADS).rope is rotary.rope  # a RotaryEmbedding is wrapped
+    q, k = randn(2, N_HEADS, 5, HEAD_DIM), randn(2, N_HEADS, 5, HEAD_DIM, seed=1)
+    pos = torch.arange(5)
+    for a, b in zip(parts.rotate(q, k, pos, pos), sizes.rotate(q, k, pos, pos), strict=True):
+        assert torch.equal(a, b)
+    assert torch.equal(parts.bias(pos, pos), sizes.bias(pos, pos))
+    assert torch.equal(parts.key_bias(pos), sizes.key_bias(pos))
+    with pytest.raises(TypeError, match="mode"):
+        Hybrid(rotary, alibi, mode="causal")
+    with pytest.raises(TypeError, match="layout"):
+        Hybrid(rotary, N_HEADS, layout="half")
+
+
+class _ScaledSlopes(Hybrid):
+    """The old ``HalfSlopeHybrid`` (chapter 6's control until ``bias_scale`` replaced it)."""
+
+    def __init__(self, head_dim, n_heads, *, slope_scale, **kwargs):
+        super().__init__(head_dim, n_heads, **kwargs)
+        self.slope_scale = slope_scale
+
+    def effective_slopes(self):
+        return super().effective_slopes() * self.slope_scale
+
+
+def test_hybrid_bias_scale_scales_the_slopes_bit_for_bit():
+    # Hybrid(h, n, bias_scale=s, **kw) is the additive hybrid with every slope times s
+    for scale, kw in ((0.5, {}), (0.2, {"layout": "interleaved"}), (0.5, {"mode": "key_only"})):
+        old = _ScaledSlopes(HEAD_DIM, N_HEADS, slope_scale=scale, **kw)
+        new = Hybrid(HEAD_DIM, N_HEADS, bias_scale=scale, **kw)
+        assert torch.equal(old.effective_slopes(), new.effective_slopes())
+        pos, batched = torch.arange(7), torch.arange(7).expand(2, 7)
+        assert torch.equal(old.bias(pos, pos), new.bias(pos, pos))
+        assert torch.equal(old.key_bias(batched), new.key_bias(batched))
+        for backend in ("naive", "sdpa", "auto"):
+            torch.manual_seed(0)
+            a = MultiHeadAttention(D_MODEL, N_HEADS, old, backend=backend)
+            torch.manual_seed(0)
+            b = MultiHeadAttention(D_MODEL, N_HEADS, new, backend=backend)
+            x = randn(2, 7, D_MODEL)
+            assert torch.equal(a(x), b(x)), backend
+
+
+def test_rotary_takes_a_ready_part_or_rotary_embeddings_arguments():
+    rope = RotaryEmbedding(HEAD_DIM, 500.0, layout="interleaved")
+    assert Rotary(rope).rope is rope and Rotary(Rotary(rope)).rope is rope
+    by_name = Rotary(head_dim=HEAD_DIM, base=500.0, layout="interleaved")
+    assert (by_name.rope.base, by_name.rope.layout) == (500.0, "interleaved")
+    config = {"model_type": "llama", "hidden_size": 32, "num_attention_heads": 4,
+              "rope_theta": 500.0}
+    from_config = Rotary(read_rope_config(config), max_position=64)
+    assert (from_config.head_dim, from_config.rope.base, from_config.max_positions) == (
+        8, 500.0, 64)
+    with pytest.raises(TypeError, match="layout"):
+        Rotary(rope, layout="half")  # a ready part's options are set
+    with pytest.raises(TypeError, match="colour"):
+        make_encoding("rope", head_dim=HEAD_DIM, colour="red")
+    shared = Rotary(HEAD_DIM)
+    assert NoPEEvery(shared).rope is shared  # schedules take the same parts
+    assert NoPEEvery(HEAD_DIM, base=500.0).rope.rope.base == 500.0

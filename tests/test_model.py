@@ -180,3 +180,18 @@ def test_default_backend_is_the_attention_default():
         model(torch.randint(0, 256, (1, 300)))
     held = backends.cached_tensors(model.blocks[0].attn.encoding)
     assert held and all(t.shape[-2] == 1 for t in held)  # key rows only
+
+
+def test_a_schedule_by_name_or_instance_gives_each_layer_its_encoding():
+    from tutorial_pkg import NoPEEvery, PositionEncoding, Rotary
+    from tutorial_pkg.schedules import LayerSchedule
+
+    by_name = tiny("irope", n_layers=4)
+    assert isinstance(by_name.encoding, LayerSchedule)
+    assert not isinstance(by_name.encoding, PositionEncoding)  # a schedule is not an encoding
+    kinds = [type(block.attn.encoding).__name__ for block in by_name.blocks]
+    assert kinds == ["Rotary", "Rotary", "Rotary", "NoPE"]
+    # an instance built from a shared RoPE part gives the same model, bit for bit
+    instance = tiny(NoPEEvery(Rotary(SMALL["d_model"] // SMALL["n_heads"])), n_layers=4)
+    x = ids()
+    assert torch.equal(by_name(x), instance(x))

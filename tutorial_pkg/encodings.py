@@ -1,4 +1,4 @@
-"""One interface for every position encoding, and a registry. Chapters 4 and 6.
+"""One interface for every position encoding, and the encodings built on it. Chapters 4 and 6.
 
 Encodings act at different places of attention. Every encoding has the same hooks,
 and :class:`~tutorial_pkg.attention.MultiHeadAttention` calls them, so adding an
@@ -22,9 +22,17 @@ constant per query*, softmax cannot tell them apart (``softmax(s + c) = softmax(
 so attention may add the row ``(H, 1, L_k)`` instead of the ``(H, L_q, L_k)`` matrix.
 Causal ALiBi is such a bias: ``-m (i - j) = m j - m i``.
 
-T5's learned relative bias is :mod:`tutorial_pkg.relative_bias` (``"t5"``); an encoding
-per layer (NoPE layers, Gemma 3's local and global layers) is
-:mod:`tutorial_pkg.schedules`; both register themselves in :data:`ENCODINGS`.
+**Parts and composites.** RoPE's options are those of
+:class:`~tutorial_pkg.rope.RotaryEmbedding`, listed there only: :class:`Rotary` wraps
+one (or builds it from the same arguments), and everything that rotates takes a
+:class:`Rotary`, a ``RotaryEmbedding`` or those arguments. :class:`Hybrid` is composed
+of a :class:`Rotary` and an :class:`ALiBi`: it rotates with the first and biases with
+the second (the bias is written once, in :class:`ALiBi`).
+
+**By name.** :data:`ENCODINGS`, :func:`make_encoding` and :func:`register_encoding` are
+defined in ``tutorial_pkg.registry``, the module that lists every built-in encoding
+and schedule (it sits above this one, T5's :mod:`~tutorial_pkg.relative_bias` and
+:mod:`~tutorial_pkg.schedules`, so it can name them all); they are importable from here.
 
 Positions are explicit integer tensors, ``(L,)`` or ``[b, L]``, so decoding with a KV
 cache, left-padded batches and packed documents are correct for every encoding: a
@@ -52,6 +60,7 @@ from ._checks import (
 )
 from .alibi import ALIBI_MODES, _alibi_bias, _score_mod_signature, alibi_score_mod, alibi_slopes
 from .rope import RotaryEmbedding
+from .rope_config import RopeConfig
 from .sinusoidal import SinusoidalPositionalEmbedding
 
 __all__ = [
@@ -63,10 +72,19 @@ __all__ = [
     "PRoPE",
     "ALiBi",
     "Hybrid",
-    "ENCODINGS",
-    "make_encoding",
     "check_learned_device",
+    # defined in tutorial_pkg.registry, served by __getattr__ below (documented here)
+    "ENCODINGS",  # noqa: F822
+    "make_encoding",  # noqa: F822
+    "register_encoding",  # noqa: F822
 ]
+
+
+
+def _need_size(cls, arg: str, value):
+    if value is None:
+        raise ValueError(f"make_encoding({cls.name!r}) needs {arg}")
+    return value
 
 
 class PositionEncoding(nn.Module):
@@ -279,43 +297,60 @@ class Learned(PositionEncoding):
 
 
 class Rotary(PositionEncoding):
-    """RoPE on queries and keys (Su et al., 2021); see :class:`~tutorial_pkg.rope.RotaryEmbedding`.
+    """RoPE on queries and keys (Su et al., 2021): one :class:`~tutorial_pkg.rope.RotaryEmbedding`.
+
+    ``Rotary(rope)`` wraps a ready ``RotaryEmbedding`` (shared, not copied; a
+    :class:`Rotary` gives its own), or a :class:`~tutorial_pkg.rope_config.RopeConfig`
+    read from a model config. Otherwise the arguments are ``RotaryEmbedding``'s,
+    positionally or by name, and are documented there only:
+    ``Rotary(head_dim, base, rotary_dim=..., layout=..., scaling=..., p_rope=...,
+    max_position=..., fused=...)``.
 
     Args:
-        head_dim: features per head.
-        base: RoPE base ("theta").
-        rotary_dim: rotated features per head (default all).
-        layout: ``"half"`` (Hugging Face) or ``"interleaved"`` (Meta).
-        scaling: context extension rule, e.g. ``{"type": "yarn", "factor": 4, ...}``.
-        p_rope: p-RoPE's fraction of rotating frequencies (see
-            :class:`~tutorial_pkg.rope.RotaryEmbedding`); None: all rotate.
-        max_position: optional hard limit on positions.
-        fused: one compiled kernel for the rotation (see
-            :class:`~tutorial_pkg.rope.RotaryEmbedding`).
+        rope: a ``RotaryEmbedding``, a :class:`Rotary`, a ``RopeConfig``, or
+            ``head_dim`` (an int).
+        base: RoPE base ("theta"); ``None``: ``RotaryEmbedding``'s default (10 000).
+        **options: the other arguments of ``RotaryEmbedding`` (with a ``RopeConfig``:
+            ``max_position``, ``fused``, or a setting that overrides the config's).
+
+    Raises:
+        TypeError: ``base`` or options given with a ready ``RotaryEmbedding``.
     """
 
     name = "rope"
     supports_scaling = True
 
-    def __init__(
-        self,
-        head_dim: int,
-        base: float = 10000.0,
-        *,
-        rotary_dim: int | None = None,
-        layout: str = "half",
-        scaling: dict | None = None,
-        p_rope: float | None = None,
-        max_position: int | None = None,
-        fused: bool = False,
-    ) -> None:
+    def __init__(self, rope: RotaryEmbedding | Rotary | RopeConfig | int | None = None,
+                 base: float | None = None, **options) -> None:
         super().__init__()
-        self.rope = RotaryEmbedding(
-            head_dim, base, rotary_dim=rotary_dim, layout=layout, scaling=scaling,
-            p_rope=p_rope, max_position=max_position, fused=fused,
-        )
+        if base is not None:
+            options["base"] = base
+        if isinstance(rope, Rotary):
+            rope = rope.rope
+        if isinstance(rope, RotaryEmbedding):
+            if options:
+                raise TypeError(f"rope is a ready RotaryEmbedding, whose options are set: "
+                                f"do not also pass {sorted(options)}")
+            self.rope = rope
+        elif isinstance(rope, RopeConfig):
+            self.rope = RotaryEmbedding(**{**rope.kwargs(), **options})
+        else:
+            self.rope = RotaryEmbedding(*(() if rope is None else (rope,)), **options)
         self.head_dim = self.rope.head_dim
         self.max_positions = self.rope.max_position
+
+    @classmethod
+    def of(cls, rope, base: float | None = None, **options) -> Rotary:
+        """``rope`` itself if it is a :class:`Rotary` (shared) and nothing else is given,
+        else ``cls(rope, base, **options)``: how composites take their RoPE part."""
+        if isinstance(rope, Rotary) and base is None and not options:
+            return rope
+        return cls(rope, base, **options)
+
+    @classmethod
+    def build(cls, *, d_model=None, n_heads=None, head_dim=None, max_len=None, **options):
+        """``cls(head_dim, **options)``: RoPE needs the model's ``head_dim`` only."""
+        return cls(_need_size(cls, "head_dim", head_dim), **options)
 
     def rotate(self, q, k, q_pos, k_pos):
         # attention checked the positions; their values are read back again only to
@@ -346,16 +381,16 @@ class PRoPE(Rotary):
 
     Args:
         head_dim: features per head.
-        base: RoPE base.
+        base: RoPE base (``None``: the default).
         p_rope: fraction of the frequencies that rotate, in ``[0, 1]``.
-        **kwargs: other arguments of :class:`Rotary`.
+        **options: other arguments of :class:`~tutorial_pkg.rope.RotaryEmbedding`.
     """
 
     name = "p_rope"
 
-    def __init__(self, head_dim: int, base: float = 10000.0, *, p_rope: float = 0.75,
-                 **kwargs) -> None:
-        super().__init__(head_dim, base, p_rope=p_rope, **kwargs)
+    def __init__(self, head_dim: int, base: float | None = None, *, p_rope: float = 0.75,
+                 **options) -> None:
+        super().__init__(head_dim, base, p_rope=p_rope, **options)
 
 
 class ALiBi(PositionEncoding):
@@ -370,6 +405,10 @@ class ALiBi(PositionEncoding):
             ``ALiBi(n_heads, bias_scale=head_dim ** -0.5)``. Every hook (:meth:`bias`,
             :meth:`score_mod`, :meth:`key_bias`) applies it, as slopes ``m_h * bias_scale``
             (:meth:`effective_slopes`; ``slopes`` stay the paper's).
+
+    The three bias hooks take an optional keyword ``slopes`` (float ``(H,)``) that
+    replaces :meth:`effective_slopes`: a composite such as :class:`Hybrid` passes its
+    own scaled slopes and reuses this one implementation of the bias.
 
     **Falcon's bfloat16.** Falcon's ``build_alibi_tensor`` rounds the slopes and each
     ``m_h * j`` to bfloat16 whatever the model's dtype; the package keeps slopes and
@@ -408,18 +447,21 @@ class ALiBi(PositionEncoding):
         """The slopes the hooks apply: ``m_h * bias_scale``."""
         return self.slopes if self.bias_scale == 1.0 else self.slopes * self.bias_scale
 
-    def bias(self, q_pos, k_pos):
-        return _alibi_bias(self.effective_slopes(), q_pos, k_pos, self.mode)
+    def bias(self, q_pos, k_pos, *, slopes=None):
+        slopes = self.effective_slopes() if slopes is None else slopes
+        return _alibi_bias(slopes, q_pos, k_pos, self.mode)
 
-    def score_mod(self, q_offset=0, q_pos=None, k_pos=None):
-        return alibi_score_mod(self.effective_slopes(), mode=self.mode, q_offset=q_offset,
+    def score_mod(self, q_offset=0, q_pos=None, k_pos=None, *, slopes=None):
+        slopes = self.effective_slopes() if slopes is None else slopes
+        return alibi_score_mod(slopes, mode=self.mode, q_offset=q_offset,
                                q_pos=q_pos, k_pos=k_pos)
 
-    def key_bias(self, k_pos):
+    def key_bias(self, k_pos, *, slopes=None):
         # -m (i - j) = m j - m i: the key-only row, for the causal and key_only forms
         if self.mode == "symmetric":
             return None
-        return _alibi_bias(self.effective_slopes(), k_pos, k_pos, "key_only")
+        slopes = self.effective_slopes() if slopes is None else slopes
+        return _alibi_bias(slopes, k_pos, k_pos, "key_only")
 
     def _apply(self, fn, *args, **kwargs):
         out = super()._apply(fn, *args, **kwargs)
@@ -433,6 +475,9 @@ class Hybrid(PositionEncoding):
     """RoPE on ``q, k`` plus the ALiBi bias on the scores: a :class:`Rotary` and an
     :class:`ALiBi`, composed. Chapter 6.
 
+    :meth:`rotate` is the RoPE part's and the bias hooks are the ALiBi part's, called
+    with the slopes of :meth:`effective_slopes` (the part's, times the scales below).
+
     ``mix="add"`` (default, the sound form): ``score = (R q).(R k)/sqrt(d) - s_h m_h (i-j)``
     where ``s_h`` is 1, or a learnable positive per-head scale with
     ``learnable_scale=True`` (initialised at 1, stored as its log).
@@ -443,16 +488,29 @@ class Hybrid(PositionEncoding):
     why it is not the default. It is implemented exactly through the hooks:
     ``q`` is multiplied by ``alpha`` and the bias by ``1 - alpha``.
 
+    Either from parts, ``Hybrid(Rotary(head_dim, layout="interleaved"), ALiBi(n_heads))``
+    (shared, not copied), or from sizes, ``Hybrid(head_dim, n_heads, base, layout=...,
+    mode=..., bias_scale=...)``: then the RoPE part is ``Rotary(head_dim, base,
+    **rope_options)`` and the ALiBi part ``ALiBi(n_heads, mode=..., bias_scale=...)``.
+
     Args:
-        head_dim: features per head.
-        n_heads: number of query heads.
-        base: RoPE base.
+        rotary: the RoPE part: a :class:`Rotary`, a
+            :class:`~tutorial_pkg.rope.RotaryEmbedding`, or ``head_dim``.
+        alibi: the ALiBi part: an :class:`ALiBi`, or ``n_heads``.
+        base: RoPE base, for a ``rotary`` given as ``head_dim`` (``None``: the default).
         mix: ``"add"`` or ``"alpha"``.
         alpha: weight of the RoPE scores for ``mix="alpha"`` (in ``[0, 1]``).
         learnable_scale: learn a per-head multiplier of the ALiBi slopes.
-        mode: ALiBi form, see :class:`ALiBi`.
-        bias_scale: a fixed factor of the ALiBi bias, see :class:`ALiBi`.
-        layout, rotary_dim, scaling, max_position, fused: as for :class:`Rotary`.
+        mode: ALiBi form (default ``"causal"``), for ``alibi`` given as ``n_heads``.
+        bias_scale: a fixed factor of the ALiBi bias (default 1; e.g. 1/2 halves every
+            slope), for ``alibi`` given as ``n_heads``.
+        **rope_options: the other arguments of
+            :class:`~tutorial_pkg.rope.RotaryEmbedding` (``layout``, ``rotary_dim``,
+            ``scaling``, ``max_position``, ``fused``), for ``rotary`` given as ``head_dim``.
+
+    Raises:
+        TypeError: ``mode`` or ``bias_scale`` with a ready :class:`ALiBi`, or RoPE
+            options with a ready RoPE part.
     """
 
     name = "hybrid"
@@ -460,25 +518,29 @@ class Hybrid(PositionEncoding):
 
     def __init__(
         self,
-        head_dim: int,
-        n_heads: int,
-        base: float = 10000.0,
+        rotary: Rotary | RotaryEmbedding | int,
+        alibi: ALiBi | int,
+        base: float | None = None,
         *,
         mix: str = "add",
         alpha: float = 0.5,
         learnable_scale: bool = False,
-        mode: str = "causal",
-        bias_scale: float = 1.0,
-        layout: str = "half",
-        rotary_dim: int | None = None,
-        scaling: dict | None = None,
-        max_position: int | None = None,
-        fused: bool = False,
+        mode: str | None = None,
+        bias_scale: float | None = None,
+        **rope_options,
     ) -> None:
         super().__init__()
-        self.rotary = Rotary(head_dim, base, rotary_dim=rotary_dim, layout=layout,
-                             scaling=scaling, max_position=max_position, fused=fused)
-        self.alibi = ALiBi(n_heads, mode=mode, bias_scale=bias_scale)
+        self.rotary = Rotary.of(rotary, base, **rope_options)
+        if isinstance(alibi, ALiBi):
+            given = [name for name, v in (("mode", mode), ("bias_scale", bias_scale))
+                     if v is not None]
+            if given:
+                raise TypeError(f"alibi is a ready ALiBi, whose settings are set: do not "
+                                f"also pass {given}")
+            self.alibi = alibi
+        else:
+            self.alibi = ALiBi(alibi, mode="causal" if mode is None else mode,
+                               bias_scale=1.0 if bias_scale is None else bias_scale)
         self.head_dim, self.n_heads = self.rotary.head_dim, self.alibi.n_heads
         self.max_positions = self.rotary.max_positions
         self.mode = self.alibi.mode
@@ -488,8 +550,14 @@ class Hybrid(PositionEncoding):
         self.alpha = float(alpha)
         self.learnable_scale = bool(learnable_scale)
         if self.learnable_scale:
-            self.log_scale = nn.Parameter(torch.zeros(n_heads))
+            self.log_scale = nn.Parameter(torch.zeros(self.n_heads))
             self.static_bias = False  # the bias changes as training moves log_scale
+
+    @classmethod
+    def build(cls, *, d_model=None, n_heads=None, head_dim=None, max_len=None, **options):
+        """``cls(head_dim, n_heads, **options)``: the model's sizes of both parts."""
+        return cls(_need_size(cls, "head_dim", head_dim), _need_size(cls, "n_heads", n_heads),
+                   **options)
 
     @property
     def rope(self) -> RotaryEmbedding:
@@ -525,17 +593,14 @@ class Hybrid(PositionEncoding):
         return q, k
 
     def bias(self, q_pos, k_pos):
-        return _alibi_bias(self._slopes_on(k_pos.device), q_pos, k_pos, self.mode)
+        return self.alibi.bias(q_pos, k_pos, slopes=self._slopes_on(k_pos.device))
 
     def score_mod(self, q_offset=0, q_pos=None, k_pos=None):
         device = self.alibi.slopes.device if q_pos is None else q_pos.device
-        return alibi_score_mod(self._slopes_on(device), mode=self.mode, q_offset=q_offset,
-                               q_pos=q_pos, k_pos=k_pos)
+        return self.alibi.score_mod(q_offset, q_pos, k_pos, slopes=self._slopes_on(device))
 
     def key_bias(self, k_pos):
-        if self.mode == "symmetric":
-            return None
-        return _alibi_bias(self._slopes_on(k_pos.device), k_pos, k_pos, "key_only")
+        return self.alibi.key_bias(k_pos, slopes=self._slopes_on(k_pos.device))
 
     @property
     def scaling(self) -> dict | None:
@@ -547,46 +612,18 @@ class Hybrid(PositionEncoding):
         self.rotary.set_scaling(scaling)
 
 
-#: The registry of encodings, by name. :func:`make_encoding` looks names up here, so
-#: ``ENCODINGS["mine"] = MyEncoding`` makes ``make_encoding("mine", ...)`` and
-#: ``TinyLM("mine")`` build it (its ``build`` classmethod receives the model's sizes).
-ENCODINGS: dict[str, type[PositionEncoding]] = {
-    cls.name: cls for cls in (NoPE, Sinusoidal, Learned, Rotary, PRoPE, ALiBi, Hybrid)
-}
+_REGISTRY_NAMES = ("ENCODINGS", "make_encoding", "register_encoding")
 
 
-def make_encoding(
-    name: str,
-    *,
-    d_model: int | None = None,
-    n_heads: int | None = None,
-    head_dim: int | None = None,
-    max_len: int | None = None,
-    **kwargs,
-) -> PositionEncoding:
-    """Build an encoding by name from the model's sizes.
+def __getattr__(name: str):
+    # the registry lists every built-in, schedules and T5 included, so it is defined
+    # above them (tutorial_pkg.registry); it is also importable from here
+    if name in _REGISTRY_NAMES:
+        from . import registry
 
-    The registry :data:`ENCODINGS` is the dispatch: the class registered under
-    ``name`` is built by its :meth:`~PositionEncoding.build`, which passes each size
-    its constructor asks for. So ``sinusoidal`` and ``learned`` use ``d_model``
-    (``learned`` also ``max_len``), ``rope`` uses ``head_dim`` (default
-    ``d_model // n_heads``), ``alibi`` uses ``n_heads``, ``hybrid`` both. Extra
-    keyword arguments go to the encoding's constructor.
+        return getattr(registry, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
-    Example:
-        >>> enc = make_encoding("alibi", n_heads=8)
-        >>> enc.slopes.shape
-        torch.Size([8])
-    """
-    check_choice("name", name, ENCODINGS)
-    if head_dim is None and d_model is not None and n_heads is not None:
-        check_positive_int("n_heads", n_heads)
-        check_positive_int("d_model", d_model)
-        if d_model % n_heads:
-            raise ValueError(f"d_model ({d_model}) must be divisible by n_heads ({n_heads})")
-        head_dim = d_model // n_heads
-    cls = ENCODINGS[name]
-    if not (isinstance(cls, type) and issubclass(cls, PositionEncoding)):
-        raise TypeError(f"ENCODINGS[{name!r}] must be a PositionEncoding subclass, got {cls!r}")
-    return cls.build(d_model=d_model, n_heads=n_heads, head_dim=head_dim, max_len=max_len,
-                     **kwargs)
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_REGISTRY_NAMES))

@@ -29,7 +29,8 @@ from torch import nn
 
 from ._checks import as_batched_positions, check_positive_int, values_readable
 from .attention import KVCache, TransformerBlock
-from .encodings import PositionEncoding, make_encoding
+from .encodings import PositionEncoding
+from .registry import make_encoding
 from .schedules import LayerSchedule, PerLayer
 
 __all__ = ["TinyLM"]
@@ -39,8 +40,8 @@ class TinyLM(nn.Module):
     """Decoder-only LM for byte-level text.
 
     Args:
-        encoding: an encoding name for :func:`~tutorial_pkg.encodings.make_encoding` or an
-            instance (shared by every layer); a
+        encoding: an encoding name for :func:`~tutorial_pkg.encodings.make_encoding` (an encoding
+            or a schedule) or an instance (shared by every layer); a
             :class:`~tutorial_pkg.schedules.LayerSchedule` (or its name, e.g. ``"irope"``,
             ``"local_global"``): layer ``i`` gets ``schedule.layer(i)``; or a list of
             ``n_layers`` names or instances, one per layer (a
@@ -68,7 +69,7 @@ class TinyLM(nn.Module):
 
     def __init__(
         self,
-        encoding: str | PositionEncoding | list = "rope",
+        encoding: str | PositionEncoding | LayerSchedule | list = "rope",
         *,
         vocab_size: int = 256,
         d_model: int = 128,
@@ -95,10 +96,10 @@ class TinyLM(nn.Module):
                                  f"{n_layers}), got {len(encoding)}")
             if not all(isinstance(e, (str, PositionEncoding)) for e in encoding):
                 raise TypeError("encoding must list names or PositionEncoding instances")
-        elif not isinstance(encoding, (str, PositionEncoding)):
+        elif not isinstance(encoding, (str, PositionEncoding, LayerSchedule)):
             raise TypeError(
-                f"encoding must be a name, a PositionEncoding or a list of them, got "
-                f"{type(encoding).__name__}"
+                f"encoding must be a name, a PositionEncoding, a LayerSchedule or a list of "
+                f"names or PositionEncodings, got {type(encoding).__name__}"
             )
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed + 1)
@@ -153,6 +154,12 @@ class TinyLM(nn.Module):
             nn.init.normal_(module.weight, std=0.02)
         if isinstance(module, nn.Linear) and module.bias is not None:
             nn.init.zeros_(module.bias)
+
+    def _embed(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        # a schedule holds relative encodings only: nothing is added to the embeddings
+        if isinstance(self.encoding, LayerSchedule):
+            return x
+        return self.encoding.embed(x, positions)
 
     @property
     def device(self) -> torch.device:
@@ -222,7 +229,7 @@ class TinyLM(nn.Module):
                 self._check_max_positions(start + s)
         else:  # checked once here (values read once, on CPU), not in every layer
             pos = as_batched_positions("positions", positions, b, s).to(ids.device)
-        x = self.drop(self.encoding.embed(self.tok_emb(ids.long()), pos))
+        x = self.drop(self._embed(self.tok_emb(ids.long()), pos))
         explicit = pos if positions is not None else None
         for i, block in enumerate(self.blocks):
             x = block(x, positions=explicit, key_padding_mask=key_padding_mask,
@@ -258,7 +265,7 @@ class TinyLM(nn.Module):
             )
         layer = range(self.n_layers)[layer]
         pos = torch.arange(ids.shape[1], device=ids.device)
-        x = self.encoding.embed(self.tok_emb(ids.long()), pos)
+        x = self._embed(self.tok_emb(ids.long()), pos)
         for block in self.blocks[:layer]:
             x = block(x)
         block = self.blocks[layer]

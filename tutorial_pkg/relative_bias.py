@@ -35,7 +35,7 @@ import torch
 from torch import nn
 
 from ._checks import check_nonneg_int, check_positive_float, check_positive_int
-from .encodings import ENCODINGS, PositionEncoding, check_learned_device
+from .encodings import PositionEncoding, check_learned_device
 
 __all__ = ["T5_NUM_BUCKETS", "T5_MAX_DISTANCE", "t5_relative_position_bucket", "T5RelativeBias"]
 
@@ -212,5 +212,3 @@ class T5RelativeBias(PositionEncoding):
         return (f"n_heads={self.n_heads}, num_buckets={self.num_buckets}, "
                 f"max_distance={self.max_distance}, bidirectional={self.bidirectional}")
 
-
-ENCODINGS[T5RelativeBias.name] = T5RelativeBias

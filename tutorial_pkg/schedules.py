@@ -14,23 +14,27 @@ Recent models do not use one encoding in every layer:
   of 6. :class:`LocalGlobal` (``"local_global"``).
 * Any list of encodings, one per layer: :class:`PerLayer`.
 
-A schedule is itself a :class:`~tutorial_pkg.encodings.PositionEncoding`, registered
-in :data:`~tutorial_pkg.encodings.ENCODINGS`, so ``TinyLM("irope")`` and the
-experiments of chapter 7 build it by name like any encoding; the model then asks it
-:meth:`LayerSchedule.layer` for each layer's encoding and sliding window. Its own hooks
-are the identity: a single attention layer refuses a schedule (it needs the layer's
-encoding). Schedules hold relative encodings only (an absolute one is added once, to
-the embeddings, not per layer).
+A schedule is not an encoding: it is a small :class:`LayerSchedule` that
+:class:`~tutorial_pkg.model.TinyLM` asks, layer by layer, for the encoding and the
+sliding window (:meth:`LayerSchedule.layer`); a single attention layer refuses one (it
+needs the layer's encoding). Schedules are registered by name in
+:data:`~tutorial_pkg.encodings.ENCODINGS` with the encodings, so ``TinyLM("irope")``
+and the experiments of chapter 7 build them like any encoding (their ``build`` gets
+the model's ``head_dim``). Schedules hold relative encodings only (an absolute one is
+added once, to the embeddings, not per layer). Their RoPE layers take RoPE's options
+as :class:`~tutorial_pkg.encodings.Rotary` does: a ready part, or the arguments of
+:class:`~tutorial_pkg.rope.RotaryEmbedding`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import ClassVar
 
 from torch import nn
 
 from ._checks import check_positive_int
-from .encodings import ENCODINGS, NoPE, PositionEncoding, Rotary
+from .encodings import NoPE, PositionEncoding, Rotary
 
 __all__ = ["LayerSchedule", "PerLayer", "NoPEEvery", "LocalGlobal"]
 
@@ -39,18 +43,34 @@ def _check_window(name: str, window) -> int | None:
     return None if window is None else check_positive_int(name, window)
 
 
-class LayerSchedule(PositionEncoding):
-    """Base class: one encoding and one sliding window per layer.
+class LayerSchedule(nn.Module):
+    """Base class: one encoding and one sliding window per layer (not itself an encoding).
 
-    Subclasses implement :meth:`layer`. ``n_layers`` is the number of layers the
-    schedule was made for, or ``None`` when it is a repeating pattern that fits any
-    depth. The declared attributes summarise the layers: ``max_positions`` is the
-    smallest of theirs, ``supports_scaling`` is true when some layer has RoPE
-    (:meth:`set_scaling` then reaches the layers that :meth:`scaled_layers` lists).
+    Subclasses implement :meth:`layer` and call ``self._summarise()`` once their members
+    are set. ``n_layers`` is the number of layers the schedule was made for, or
+    ``None`` when it is a repeating pattern that fits any depth. The declared
+    attributes summarise the layers for :class:`~tutorial_pkg.model.TinyLM` and the
+    experiments: ``max_positions`` is the smallest of theirs, ``supports_scaling`` is
+    true when some layer has RoPE (:meth:`set_scaling` then reaches the layers that
+    :meth:`scaled_layers` lists). The members are submodules, so ``.to()`` and
+    ``state_dict`` reach them.
     """
 
-    name = "schedule"
+    name: ClassVar[str] = "schedule"
     n_layers: int | None = None
+    max_positions: int | None = None
+    supports_scaling: bool = False
+
+    @classmethod
+    def build(cls, *, d_model=None, n_heads=None, head_dim=None, max_len=None, **kwargs):
+        """``cls(head_dim, **kwargs)``, for :func:`~tutorial_pkg.encodings.make_encoding`.
+
+        A schedule's layers are relative encodings that need the model's ``head_dim``
+        (``ValueError`` when it is ``None``); override this for other sizes.
+        """
+        if head_dim is None:
+            raise ValueError(f"make_encoding({cls.name!r}) needs head_dim")
+        return cls(head_dim, **kwargs)
 
     def layer(self, i: int) -> tuple[PositionEncoding, int | None]:
         """The encoding and the sliding window (``None``: every key) of layer ``i``."""
@@ -81,8 +101,6 @@ class LayerSchedule(PositionEncoding):
     def _summarise(self) -> None:
         members = self._members()
         for m in members:
-            if isinstance(m, LayerSchedule):
-                raise TypeError("a schedule cannot hold another schedule")
             if type(m).embed is not PositionEncoding.embed:
                 raise ValueError(
                     f"{type(m).__name__} adds positions to the embeddings (once, not per "
@@ -159,25 +177,26 @@ class NoPEEvery(LayerSchedule):
     RoPE layers share one :class:`~tutorial_pkg.encodings.Rotary`.
 
     Args:
-        head_dim: features per head.
+        rope: the RoPE layers' part: a :class:`~tutorial_pkg.encodings.Rotary` (shared),
+            a :class:`~tutorial_pkg.rope.RotaryEmbedding`, or ``head_dim``.
         every: period of the NoPE layers (>= 2).
-        base: RoPE base.
         window: optional sliding window of the RoPE layers (the NoPE layers see every key).
-        **rope_kwargs: other arguments of :class:`~tutorial_pkg.encodings.Rotary`
-            (``layout``, ``rotary_dim``, ``scaling``, ...).
+        **rope_options: for ``rope`` given as ``head_dim``, the other arguments of
+            :class:`~tutorial_pkg.rope.RotaryEmbedding` (``base``, ``layout``,
+            ``rotary_dim``, ``scaling``, ...).
     """
 
     name = "irope"
 
-    def __init__(self, head_dim: int, *, every: int = 4, base: float = 10000.0,
-                 window: int | None = None, **rope_kwargs) -> None:
+    def __init__(self, rope: Rotary | int, *, every: int = 4, window: int | None = None,
+                 **rope_options) -> None:
         super().__init__()
         if check_positive_int("every", every) < 2:
             raise ValueError(f"every must be >= 2 (every=1 would be NoPE everywhere), "
                              f"got {every}")
         self.every = every
         self.window = _check_window("window", window)
-        self.rope = Rotary(head_dim, base, **rope_kwargs)
+        self.rope = Rotary.of(rope, **rope_options)
         self.nope = NoPE()
         self.head_dim = self.rope.head_dim
         self._summarise()
@@ -203,23 +222,23 @@ class LocalGlobal(LayerSchedule):
         local_base: RoPE base of the local layers (Gemma 3: 10 000).
         global_base: RoPE base of the global layers (Gemma 3: 1 000 000).
         global_scaling: RoPE scaling rule of the global layers, or None.
-        **rope_kwargs: other arguments of :class:`~tutorial_pkg.encodings.Rotary` for
-            both (``layout``, ``rotary_dim``).
+        **rope_options: the other arguments of :class:`~tutorial_pkg.rope.RotaryEmbedding`
+            for both (``layout``, ``rotary_dim``).
     """
 
     name = "local_global"
 
     def __init__(self, head_dim: int, *, pattern: int = 6, window: int = 1024,
                  local_base: float = 10_000.0, global_base: float = 1_000_000.0,
-                 global_scaling: dict | None = None, **rope_kwargs) -> None:
+                 global_scaling: dict | None = None, **rope_options) -> None:
         super().__init__()
         if check_positive_int("pattern", pattern) < 2:
             raise ValueError(f"pattern must be >= 2 (one global layer per pattern), "
                              f"got {pattern}")
         self.pattern = pattern
         self.window = check_positive_int("window", window)
-        self.local_rope = Rotary(head_dim, local_base, **rope_kwargs)
-        self.global_rope = Rotary(head_dim, global_base, scaling=global_scaling, **rope_kwargs)
+        self.local_rope = Rotary(head_dim, local_base, **rope_options)
+        self.global_rope = Rotary(head_dim, global_base, scaling=global_scaling, **rope_options)
         self.head_dim = self.local_rope.head_dim
         self._summarise()
 
@@ -232,6 +251,3 @@ class LocalGlobal(LayerSchedule):
             return self.global_rope, None
         return self.local_rope, self.window
 
-
-for _cls in (NoPEEvery, LocalGlobal):
-    ENCODINGS[_cls.name] = _cls

@@ -4,8 +4,9 @@
 * ``"latest"`` (latest signal) needs *content plus recency*: ALiBi's strength.
 
 :func:`task_batch` draws batches of either task, :func:`train_task` trains a one-layer
-:class:`~tutorial_pkg.model.TinyLM` on one and measures its accuracy at several lengths,
-and :class:`HalfSlopeHybrid` is the chapter's control for the articles' alpha-mix.
+:class:`~tutorial_pkg.model.TinyLM` on one and measures its accuracy at several lengths.
+The chapter's control for the articles' alpha-mix is the additive hybrid at half slopes,
+``Hybrid(head_dim, n_heads, bias_scale=0.5)``.
 
 Example:
     >>> acc, model = train_task("offset", "hybrid", seed=0, steps=20)
@@ -24,45 +25,18 @@ from ._checks import (
     check_choice,
     check_nonneg_int,
     check_number,
-    check_positive_float,
     check_positive_int,
 )
-from .encodings import Hybrid, PositionEncoding
+from .encodings import PositionEncoding
 from .model import TinyLM
 
-__all__ = ["TASKS", "HalfSlopeHybrid", "task_batch", "train_task"]
+__all__ = ["TASKS", "task_batch", "train_task"]
 
 #: The synthetic tasks of chapter 6.
 TASKS = ("offset", "latest")
 
 #: ``cross_entropy``'s ``ignore_index``: the target of a position that has none.
 IGNORE = -100
-
-
-class HalfSlopeHybrid(Hybrid):
-    """The additive hybrid with every ALiBi slope multiplied by ``slope_scale`` (default 1/2).
-
-    Chapter 6's control for the articles' alpha-mix: ``alpha S + (1 - alpha) B`` equals
-    ``S' + (1 - alpha) B`` once the query weights absorb ``alpha`` (``S'`` the scores of
-    queries ``alpha q``), i.e. the additive hybrid with slopes ``(1 - alpha) m_h``.
-    Same hooks and sizes as :class:`~tutorial_pkg.encodings.Hybrid` (``mix="add"``).
-
-    Raises:
-        ValueError: if ``mix`` is passed (this hybrid is additive), or ``slope_scale``
-            is not a finite number > 0.
-    """
-
-    name = "hybrid_half"
-
-    def __init__(self, head_dim: int, n_heads: int, base: float = 10000.0, *,
-                 slope_scale: float = 0.5, **kwargs) -> None:
-        if "mix" in kwargs:
-            raise ValueError("HalfSlopeHybrid is additive: do not pass mix")
-        super().__init__(head_dim, n_heads, base, **kwargs)
-        self.slope_scale = check_positive_float("slope_scale", slope_scale)
-
-    def effective_slopes(self) -> torch.Tensor:
-        return super().effective_slopes() * self.slope_scale
 
 
 def task_batch(
@@ -147,7 +121,7 @@ def train_task(
     Args:
         task: one of :data:`TASKS`.
         encoding: an encoding name or a :class:`~tutorial_pkg.encodings.PositionEncoding`
-            instance (e.g. :class:`HalfSlopeHybrid`), as :class:`~tutorial_pkg.model.TinyLM`
+            instance (e.g. ``Hybrid(8, 4, bias_scale=0.5)``), as :class:`~tutorial_pkg.model.TinyLM`
             takes it.
         encoding_kwargs: extra arguments for a named encoding.
         device: where the model trains (batches are drawn on the CPU and moved there).
