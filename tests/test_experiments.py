@@ -283,3 +283,15 @@ def test_summarize_seeds():
         experiments.summarize_seeds(recs + recs[:1], "v", by=("encoding", "eval_len"))
     with pytest.raises(ValueError, match="'w'"):
         experiments.summarize_seeds(recs, "w", by=("encoding",))
+
+
+def test_build_model_takes_a_schedule_instance():
+    # a LayerSchedule is not a PositionEncoding, yet TinyLM takes it: so does build_model
+    from tutorial_pkg.experiments import ExperimentConfig, build_model
+    from tutorial_pkg.schedules import NoPEEvery
+
+    cfg = ExperimentConfig(d_model=32, n_layers=2, n_heads=4, train_len=16, device="cpu")
+    model = build_model(NoPEEvery(8, every=2), cfg)
+    assert [type(b.attn.encoding).__name__ for b in model.blocks] == ["Rotary", "NoPE"]
+    with pytest.raises(ValueError, match="encoding_kwargs"):
+        build_model(NoPEEvery(8), cfg, {"base": 10.0})

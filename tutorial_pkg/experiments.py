@@ -45,9 +45,11 @@ from ._checks import (
     check_positive_int,
 )
 from .data import batch_iterator, eval_windows, load_splits
-from .encodings import ENCODINGS, PositionEncoding
+from .encodings import PositionEncoding
 from .model import TinyLM
 from .records import text_table
+from .registry import ENCODINGS
+from .schedules import LayerSchedule
 
 __all__ = [
     "SCALING_TYPES",
@@ -216,13 +218,15 @@ def training_batches(
 
 
 def build_model(
-    encoding: str | PositionEncoding, cfg: ExperimentConfig, encoding_kwargs: dict | None = None
+    encoding: str | PositionEncoding | LayerSchedule, cfg: ExperimentConfig,
+    encoding_kwargs: dict | None = None,
 ) -> TinyLM:
     """A fresh :class:`~tutorial_pkg.model.TinyLM` for ``encoding`` (same weights for all).
 
     Args:
         encoding: an encoding name, or a :class:`~tutorial_pkg.encodings.PositionEncoding`
-            instance (a variant of your own; it is used as is, not copied).
+            or :class:`~tutorial_pkg.schedules.LayerSchedule` instance (a variant of your
+            own; it is used as is, not copied).
         cfg: the experiment configuration.
         encoding_kwargs: extra arguments for a named encoding.
 
@@ -230,7 +234,7 @@ def build_model(
     positions it is trained on.
     """
     cfg = _check_config(cfg)
-    if isinstance(encoding, PositionEncoding):
+    if isinstance(encoding, (PositionEncoding, LayerSchedule)):
         if encoding_kwargs:
             raise ValueError("encoding_kwargs apply to an encoding name, not an instance")
     else:
