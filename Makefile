@@ -61,8 +61,10 @@ build:
 html-check:
 	$(BIN)/python -m pytest tests/built_html -q --html-dir _build/html
 
+## bench: the book's benchmark suite on the default device (benchmarks/suite.py; its --help
+## lists the options), results in benchmark_results.json
 bench:
-	$(BIN)/python -m tutorial_pkg.benchmark --out benchmark_results.json
+	$(BIN)/python benchmarks/suite.py --out benchmark_results.json
 
 clean:
 	rm -rf _build .pytest_cache .ruff_cache

@@ -23,7 +23,9 @@ from different runs. The exit status is 0 whatever the targets say: timings are 
 read, not a test. ``--suite module:function`` runs any other suite with the same signature.
 
 The measuring library is the package's :mod:`tutorial_pkg.benchmark`; this folder holds
-what uses it and what no model should import (the articles' code, ``articles.py``).
+what uses it and what no model should import: the cases' expected memory
+(``footprints.py``), the targets (``targets.py``), the allocator setting of the command line
+(``allocator.py``) and the articles' code (``articles.py``).
 """
 
 from __future__ import annotations
@@ -42,9 +44,23 @@ import torch
 if __package__ in (None, ""):  # run as a script: make the repository importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks.allocator import keep_freed_memory  # noqa: E402
 from benchmarks.articles import ArticlesALiBiAttention  # noqa: E402
+from benchmarks.footprints import (  # noqa: E402
+    attention_footprint,
+    key_row_here,
+    lm_footprint,
+    rope_footprint,
+)
+from benchmarks.targets import check_targets, format_targets, one_off_costs  # noqa: E402
 from tutorial_pkg import benchmark as bm  # noqa: E402
-from tutorial_pkg.benchmark import ATTENTION_LIMIT, ROPE_LIMIT, Case, Footprint  # noqa: E402
+from tutorial_pkg.benchmark import Case  # noqa: E402
+
+#: Name of the attention groups' reference case in the book's results files:
+#: ``scaled_dot_product_attention(is_causal=True)`` with no encoding.
+ATTENTION_LIMIT = "limit: sdpa causal"
+#: Name of the RoPE groups' reference case, a copy of q and k (one read, one write).
+ROPE_LIMIT = "limit: clone q,k"
 
 
 # --------------------------------------------------------------------------- #
@@ -234,202 +250,6 @@ def _suite_dtype(args: argparse.Namespace) -> torch.dtype:
     return getattr(torch, args.dtype)
 
 
-# --------------------------------------------------------------------------- #
-# Expected footprints, from shapes
-# --------------------------------------------------------------------------- #
-def _esize(dtype: torch.dtype) -> int:
-    return torch.empty((), dtype=dtype).element_size()
-
-
-def _table_side(n: int) -> int:
-    """Side of the square bias table the backends cache for length ``n`` (a power of two)."""
-    return max(128, 1 << (max(n, 1) - 1).bit_length())
-
-
-def _mask_cast(device: torch.device, dtype: torch.dtype) -> bool:
-    """Does the ``sdpa`` path cast its float32 table to q's dtype in every call?
-
-    Where SDPA takes a float32 mask with 16-bit q (a CPU) it does not; a GPU's kernels
-    want the mask in q's dtype, so each call shifts the float32 slice (a float32
-    temporary) and rounds it (a 16-bit copy). The rule is ``tutorial_pkg.backends``'.
-    """
-    from tutorial_pkg import backends
-
-    float32_devices = getattr(backends, "_FLOAT32_MASK_DEVICES", {"cpu"})
-    return dtype not in (torch.float32, torch.float64) and device.type not in float32_devices
-
-
-def _key_row_here(device: torch.device, dtype: torch.dtype) -> bool:
-    """Does ``auto`` take its key row here (else the cached table of ``sdpa``)?"""
-    from tutorial_pkg import backends
-
-    try:
-        return bool(backends.key_row_supported(device, dtype, False))
-    except (RuntimeError, NotImplementedError):  # a device whose probe cannot run (meta)
-        return False  # the table path: the larger footprint
-
-
-def _part(parts: dict[str, int], label: str, nbytes: int) -> int:
-    parts[label] = int(nbytes)
-    return int(nbytes)
-
-
-def attention_footprint(
-    encoding: str,
-    backend: str,
-    *,
-    batch: int,
-    heads: int,
-    seq_len: int,
-    head_dim: int,
-    dtype: torch.dtype,
-    train: bool,
-    device: str | torch.device,
-    key_row: bool | None = None,
-) -> Footprint:
-    """The memory one attention case of :func:`attention_suite` needs, from its shapes.
-
-    Counted in bytes from the shapes and element sizes, by following what each path
-    allocates (``tutorial_pkg.backends``, ``benchmarks/articles.py``), with
-    ``N = b H L d`` (one of q, k, v), ``S = b H L^2`` (the scores), ``B = H L^2`` (one
-    bias), ``T`` the side of the cached table (``L`` rounded up to a power of two,
-    at least 128), ``e`` the element size of ``dtype``, ``f`` that of float32 (the
-    dtype of scores, biases and the naive backend's arithmetic):
-
-    * **inputs** (not in :attr:`~tutorial_pkg.benchmark.Footprint.need`: they exist
-      before any case): q, k, v ``3 N e``, and the output gradient ``N e`` in training;
-    * **output** ``N e``; RoPE and the hybrid add the rotated q and k, ``2 N e``;
-    * **tables held**: ``sdpa`` (and ``auto`` where it has no key row) a float32
-      ``(1, H, T, T)`` table, ``H T^2 f``; built from a float32 bias and its masked copy
-      (first call: ``2 H T^2 f`` plus the ``T^2`` distances); on a GPU each call then
-      shifts the ``(1, H, L, L)`` slice (``B f``) and rounds it to q's dtype (``B e``);
-      ``auto`` with its key row holds ``H T f``; ``sdpa-3d-mask`` holds the table in
-      q's dtype, ``H T^2 e`` (built through the float32 table, its shifted copy and the
-      16-bit one, ``H T^2 (2 f + e)`` at once); the articles' code a float32 buffer of
-      side ``M = max(2048, L)``, built from ``M^2`` float32 distances;
-    * **attention weights**, for the naive backend and the articles' code: the
-      ``S``-sized float32 scores, their masked copy and the softmax, of which two are
-      alive at once, next to the bias ``B f`` (three at once while the bias is built);
-      a CPU's SDPA also materialises them for a 3-D mask (its math path);
-    * **autograd** (training): the gradients of q, k, v ``3 N e``; a fused kernel's
-      log-sum-exp and float32 accumulator of dq (``N f``); the naive path keeps the
-      float32 copies of q, k, v and the softmax output for backward, where the output's
-      gradient, the softmax's gradient and the weights are alive at once (``3 S f``).
-
-    On a GPU, a mask whose last dimension is not a multiple of 16 is copied, padded, by the
-    memory-efficient kernel: one more mask. Small terms (positions, the causal mask's
-    ``L^2`` booleans, block masks) are counted where they coexist with the large ones; the
-    rest (kernels' workspaces, the allocator's rounding) is left to the headroom of
-    :func:`tutorial_pkg.benchmark.fit_problem`.
-
-    Args:
-        encoding: ``"nope"``, ``"rope"``, ``"alibi"`` or ``"hybrid"``, or ``"none"``
-            (the limit reference).
-        backend: ``"naive"``, ``"sdpa"``, ``"flex"``, ``"auto"``, ``"article"`` or
-            ``"sdpa-3d-mask"``.
-        batch, heads, seq_len, head_dim: The shapes.
-        dtype: Dtype of q, k, v.
-        train: Forward and backward (``fwd+bwd``) instead of inference.
-        device: Where it runs (the mask rules differ between CPU and GPU).
-        key_row: Whether ``auto`` takes its key row; default: asks
-            ``tutorial_pkg.backends.key_row_supported``.
-
-    Returns:
-        The :class:`~tutorial_pkg.benchmark.Footprint`, with its terms in ``parts``.
-    """
-    dev = torch.device(device)
-    b, h, L, d = batch, heads, seq_len, head_dim
-    e, f = _esize(dtype), _esize(torch.promote_types(dtype, torch.float32))
-    n, scores, bias = b * h * L * d, b * h * L * L, h * L * L
-    side = _table_side(L)
-    table = h * side * side
-    parts: dict[str, int] = {"inputs: q, k, v" + (", grad_out" if train else ""):
-                             (4 if train else 3) * n * e}
-    held = build = 0
-    call = _part(parts, "output", n * e)
-    lse = b * h * L * 4  # the fused kernels' log-sum-exp rows (float32)
-    has_bias = encoding in ("alibi", "hybrid")
-    if encoding in ("rope", "hybrid"):
-        call += _part(parts, "rotated q, k", 2 * n * e)
-    if train:
-        call += _part(parts, "gradients of q, k, v", 3 * n * e)
-    path = backend
-    if backend == "auto":
-        if key_row is None:
-            key_row = _key_row_here(dev, dtype)
-        path = "row" if (has_bias and key_row) else "sdpa"
-    if path == "sdpa" and not has_bias:
-        path = "fused"
-    if backend == "flex" or encoding == "none":
-        path = "fused"
-
-    if path in ("fused", "row"):
-        call += _part(parts, "kernel: log-sum-exp", lse)
-        if train:
-            call += _part(parts, "kernel: float32 dq accumulator", n * 4)
-        if path == "row":
-            held = _part(parts, "held: key row (1, H, 1, T) float32", h * side * 4)
-    elif path == "sdpa":
-        held = _part(parts, "held: table (1, H, T, T) float32", table * f)
-        build = parts["first call: table built from two float32 biases, rotated q, k"] = (
-            2 * table * f + 4 * side * side + parts.get("rotated q, k", 0))
-        call += _part(parts, "kernel: log-sum-exp", lse)
-        cast = _mask_cast(dev, dtype)
-        if cast:
-            call += _part(parts, "per call: shifted slice, float32, and its 16-bit copy",
-                          bias * (f + e))
-        if dev.type != "cpu" and L % 16:
-            call += _part(parts, "kernel: padded copy of the mask (L not a multiple of 16)",
-                          h * L * (L + 16 - L % 16) * (e if cast else f))
-        if train:
-            call += _part(parts, "kernel: float32 dq accumulator", n * 4)
-    elif path == "sdpa-3d-mask":
-        held = _part(parts, "held: table (1, H, T, T) in q's dtype", table * e)
-        build = 2 * table * f + 4 * side * side  # the float32 bias and its masked copy
-        if e != f:  # then the masked copy, its shifted copy and the 16-bit table
-            build = max(build, table * (2 * f + e))
-        parts["first call: float32 biases, the shift and the 16-bit table"] = build
-        if dev.type == "cpu":  # a 3-D mask sends CPU SDPA to its math path: scores built
-            call += _part(parts, "CPU math path: scores, weights",
-                          (4 if train else 3) * scores * f)
-        else:
-            call += _part(parts, "kernel: log-sum-exp", lse)
-            if L % 16:
-                call += _part(parts, "kernel: padded copy of the mask (L not a multiple of 16)",
-                              h * L * (L + 16 - L % 16) * e)
-            if train:
-                call += _part(parts, "kernel: float32 dq accumulator", n * 4)
-    elif path == "naive":
-        upcast = n * f if e != f else 0
-        weights = (2 * scores + (bias if has_bias else 0)) * f
-        if has_bias:  # building the bias: the scores, the bias and its +0.0 copy
-            weights = max(weights, (scores + 2 * bias) * f + 4 * L * L)
-        call += _part(parts, "scores, masked scores / weights" + (", bias" if has_bias else ""),
-                      weights)
-        call += _part(parts, "causal mask (L, L) bool and its negation", 2 * L * L)
-        call += _part(parts, "float32 v and output", upcast + n * f)
-        if train:
-            call += _part(parts, "autograd: float32 q, k kept", 2 * upcast)
-            back = 3 * scores * f - weights
-            if back > 0:
-                call += _part(parts, "backward: weights and two gradients of their size", back)
-    elif path == "article":
-        side_a = max(2048, L)
-        held = _part(parts, "held: buffer (H, M, M) float32", h * side_a * side_a * 4)
-        build = held + side_a * side_a * 4
-        parts["first call: buffer and the (M, M) distances"] = build
-        call += _part(parts, "scores, masked scores / weights", 2 * scores * 4)
-        call += _part(parts, "causal mask: float32 tril and its bool", 5 * L * L)
-        call += _part(parts, "float32 v and output", 2 * n * 4)
-        if train:
-            call += _part(parts, "autograd: float32 q, k kept", 2 * n * 4)
-            call += _part(parts, "backward: weights and two gradients of their size", scores * 4)
-    else:
-        raise ValueError(f"no footprint for backend {backend!r}")
-    return Footprint(held=held, call=call, build=build, inputs=(4 if train else 3) * n * e,
-                     parts=parts)
-
-
 def _release(*encodings: Any, lazies: Sequence[_Lazy] = ()) -> Callable[[], None]:
     """Free what a case holds: the backends' tables of its encodings, its lazy values."""
     from tutorial_pkg import backends
@@ -484,7 +304,7 @@ def attention_suite(args: argparse.Namespace) -> Iterator[SuiteEntry]:
     device = torch.device(args.device)
     dtype = _suite_dtype(args)
     batch, heads, head_dim = args.batch, args.heads, args.head_dim
-    key_row = _key_row_here(device, dtype)
+    key_row = key_row_here(device, dtype)
     for seq_len in args.lengths:
         for pass_ in args.passes:
             train = pass_ == "fwd+bwd"
@@ -578,9 +398,9 @@ def rope_suite(args: argparse.Namespace) -> Iterator[SuiteEntry]:
 
     Every call allocates its outputs, as a model would. With glibc's default
     settings a freed block of 32 MiB or less may go back to the OS, and then every
-    first touch of a page of a new output faults (about 1 us per 4 KiB page): that
-    cost swamps the arithmetic and varies from run to run. The command line therefore
-    asks glibc to keep freed blocks (:func:`tutorial_pkg.benchmark.keep_freed_memory`,
+    first touch of a 4 KiB page of a new output faults, a cost that depends on what the
+    allocator did before and is not the arithmetic's. The command line therefore
+    asks glibc to keep freed blocks (:func:`benchmarks.allocator.keep_freed_memory`,
     ``--default-malloc`` to skip) and records its choice in the results file.
     """
     device = torch.device(args.device)
@@ -592,25 +412,6 @@ def rope_suite(args: argparse.Namespace) -> Iterator[SuiteEntry]:
 def _plan(args: argparse.Namespace) -> DevicePlan:
     plan = getattr(args, "plan", None)
     return plan if plan is not None else device_plan(args.device)
-
-
-def rope_footprint(shape: Sequence[int], dtype: torch.dtype) -> Footprint:
-    """The memory of one RoPE case of :func:`rope_suite`, from its shape (an upper bound).
-
-    ``Q = b h s d`` elements each for q and k (the inputs, ``2 Q e``); a call writes
-    two outputs (``2 Q e``) and, for one of them at a time, at most three float32
-    temporaries of its size (the readable and Hugging Face forms: the products and the
-    rotated half; the complex form: the float32 copy and the complex product), plus
-    the cos/sin tables in float32 and in q's dtype.
-    """
-    b, h, s, d = shape
-    e = _esize(dtype)
-    q = b * h * s * d
-    parts = {"inputs: q, k": 2 * q * e, "outputs": 2 * q * e,
-             "temporaries (three float32 of q's size)": 3 * q * 4,
-             "cos, sin tables": 4 * s * d * (4 + e)}
-    return Footprint(call=parts["outputs"] + parts["temporaries (three float32 of q's size)"]
-                     + parts["cos, sin tables"], inputs=parts["inputs: q, k"], parts=parts)
 
 
 def _rope_entry(device: torch.device, shape: tuple[int, ...], dtype_name: str,
@@ -667,29 +468,6 @@ def _rope_entry(device: torch.device, shape: tuple[int, ...], dtype_name: str,
     }
     params = {"op": "rope", "shape": [b, h, s, d], "dtype": dtype_name, "pass": "fwd"}
     return SuiteEntry(f"rope {dtype_name}", cases, ROPE_LIMIT, params)
-
-
-def lm_footprint(model: torch.nn.Module, batch: int, length: int, *, d_model: int,
-                 layers: int, heads: int, vocab: int = 256) -> Footprint:
-    """The memory of one training step of :func:`lm_suite`, from the model's shapes.
-
-    ``P`` bytes of parameters (inputs: the models exist before the group runs); held
-    after the first step: AdamW's two moments (``2 P``); a step: the gradients (``P``)
-    and, an upper bound, per layer 24 float32 tensors of the activations' size
-    ``batch x length x d_model`` (norms, q, k, v, the attention output, the MLP's
-    hidden layer of 4 d_model twice, their gradients) and three of the scores'
-    ``batch x heads x length^2``, the logits ``batch x length x 256`` three times
-    (logits, softmax, gradient), and the bias table a ``sdpa`` layer caches.
-    """
-    params = sum(p.numel() * p.element_size() for p in model.parameters())
-    acts = layers * (24 * batch * length * d_model + 3 * batch * heads * length**2) * 4
-    logits = 3 * batch * length * vocab * 4
-    table = heads * _table_side(length) ** 2 * 4
-    parts = {"inputs: parameters": params, "held: AdamW moments": 2 * params,
-             "gradients": params, "activations (upper bound)": acts, "logits": logits,
-             "bias table (sdpa)": table}
-    return Footprint(held=2 * params, call=params + acts + logits + table, inputs=params,
-                     parts=parts)
 
 
 def lm_suite(args: argparse.Namespace) -> Iterator[SuiteEntry]:
@@ -824,7 +602,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _finish_args(args: argparse.Namespace) -> argparse.Namespace:
     """Fill the defaults that depend on --device and --quick."""
-    args.device = str(bm._resolve_device(args.device))
+    args.device = str(bm.resolve_device(args.device))
     kind = torch.device(args.device).type
     args.plan = device_plan(args.device)
     preset = _QUICK if args.quick else _FULL
@@ -892,7 +670,7 @@ def run(argv: Sequence[str] | None = None, *, suite: SuiteFn | None = None
             parser.error(f"--threads must be >= 1, got {args.threads}")
         torch.set_num_threads(args.threads)  # the CLI is the caller: its choice to make
 
-    kept = False if args.default_malloc else bm.keep_freed_memory()
+    kept = False if args.default_malloc else keep_freed_memory()
     memory_limit = None
     if args.memory_limit is not None:
         memory_limit = int(args.memory_limit * 2**30)
@@ -921,7 +699,7 @@ def run(argv: Sequence[str] | None = None, *, suite: SuiteFn | None = None
             # one table per group as soon as it is measured (long runs show progress)
             bar.clear()
             print(bm.format_table(group_records) + "\n", flush=True)
-    hardware["loadavg_end"] = bm._loadavg()
+    hardware["loadavg_end"] = bm.hardware_info(args.device)["loadavg"]
     if args.out is not None:
         bm.save_results(records, args.out, hardware)
         print(f"wrote {args.out}")
@@ -929,145 +707,6 @@ def run(argv: Sequence[str] | None = None, *, suite: SuiteFn | None = None
               f"{hardware['loadavg_end']} ({hardware['cpu_count']} CPUs)")
     return records
 
-
-
-# --------------------------------------------------------------------------- #
-# Performance targets
-# --------------------------------------------------------------------------- #
-@dataclass
-class Target:
-    """One performance target: a name, a threshold, and how to read it from records."""
-
-    name: str
-    text: str
-    limit: float
-    direction: str  # "max": value <= limit passes; "min": value >= limit passes
-    value: Callable[[dict], float | None]
-
-
-def _find(records: dict, group: str, case: str):
-    rec = records.get((group, case))
-    return None if rec is None or not rec.ok else rec
-
-
-def _ratio(group: str, case: str, **sizes) -> Callable[[dict], float | None]:
-    """The case's ratio; None if absent, failed, or measured at other ``sizes`` (params)."""
-
-    def get(records: dict) -> float | None:
-        rec = _find(records, group, case)
-        if rec is None or any(rec.params.get(k) != v for k, v in sizes.items()):
-            return None
-        return rec.ratio
-
-    return get
-
-
-def _speedup(group: str, slow: str, fast: str) -> Callable[[dict], float | None]:
-    def get(records: dict) -> float | None:
-        a, b = _find(records, group, slow), _find(records, group, fast)
-        return None if a is None or b is None or not b.ratio else a.ratio / b.ratio
-
-    return get
-
-
-def _peak_ratio(group: str, case: str) -> Callable[[dict], float | None]:
-    def get(records: dict) -> float | None:
-        rec = _find(records, group, case)
-        return None if rec is None else rec.peak_ratio
-
-    return get
-
-
-def _held_fraction(group: str, case: str) -> Callable[[dict], float | None]:
-    """Held bytes over the size of one (H, L, L) float32 tensor."""
-
-    def get(records: dict) -> float | None:
-        rec = _find(records, group, case)
-        if rec is None or rec.held_bytes is None:
-            return None
-        heads, length = rec.params["heads"], rec.params["seq_len"]
-        return rec.held_bytes / (heads * length * length * 4)
-
-    return get
-
-
-def targets() -> list[Target]:
-    """The performance targets (P1-P4), on the records of one run."""
-    out = []
-    for length in (2048, 4096):
-        out.append(Target(
-            f"P1 fwd L={length}", "ALiBi inference (auto) / plain causal SDPA", 1.10, "max",
-            _ratio(f"attn L={length} fwd", "alibi/auto")))
-    out.append(Target("P1 article L=2048", "the articles' ALiBi / ALiBi auto (speed-up)", 3.0,
-                      "min", _speedup("attn L=2048 fwd", "alibi/article", "alibi/auto")))
-    for length in (2048, 4096):
-        out.append(Target(
-            f"P1 fwd+bwd L={length}", "ALiBi training (auto) / plain causal SDPA", 2.0, "max",
-            _ratio(f"attn L={length} fwd+bwd", "alibi/auto")))
-    out.append(Target("P2 peak L=4096", "ALiBi auto peak memory / plain causal SDPA's", 1.5,
-                      "max", _peak_ratio("attn L=4096 fwd", "alibi/auto")))
-    out.append(Target("P2 held L=4096", "ALiBi auto held memory / one (H, L, L) fp32 bias",
-                      0.01, "max", _held_fraction("attn L=4096 fwd", "alibi/auto")))
-    for dtype, limit in (("float32", 1.3), ("bfloat16", 2.0)):
-        out.append(Target(f"P3 {dtype} rotate fused", "RoPE fused=True on q, k / clone of q, k",
-                          limit, "max",
-                          _ratio(f"rope {dtype}", "rotate fused", shape=[4, 8, 2048, 64])))
-    out.append(Target("P3 float32 rotate", "RoPE default path on q, k / clone of q, k", 3.0,
-                      "max", _ratio("rope float32", "rotate", shape=[4, 8, 2048, 64])))
-    for enc in ("rope", "alibi", "hybrid"):
-        out.append(Target(f"P4 {enc}", f"tiny-LM training step, {enc} / NoPE", 1.10, "max",
-                          _lm_ratio(enc)))
-    return out
-
-
-def _lm_ratio(enc: str) -> Callable[[dict], float | None]:
-    def get(records: dict) -> float | None:
-        for (group, case), rec in records.items():
-            sizes = (rec.params.get("batch"), rec.params.get("seq_len"))
-            if group.startswith("lm step") and case == enc and rec.ok and sizes == (32, 64):
-                return rec.ratio
-        return None  # not measured, or at other sizes than chapter 7's (batch 32, L = 64)
-
-    return get
-
-
-def check_targets(records: Iterable[bm.BenchRecord]) -> list[tuple[Target, float | None, str]]:
-    """Evaluate every target: ``(target, value or None, "PASS"/"MISS"/"not measured")``."""
-    by_key = {(r.group, r.case): r for r in records}
-    results = []
-    for t in targets():
-        value = t.value(by_key)
-        if value is None:
-            verdict = "not measured"
-        elif t.direction == "max":
-            verdict = "PASS" if value <= t.limit else "MISS"
-        else:
-            verdict = "PASS" if value >= t.limit else "MISS"
-        results.append((t, value, verdict))
-    return results
-
-
-def format_targets(results: list[tuple[Target, float | None, str]]) -> str:
-    """One line per target."""
-    lines = []
-    for t, value, verdict in results:
-        sign = "<=" if t.direction == "max" else ">="
-        shown = "-" if value is None else f"{value:.3f}"
-        lines.append(f"{verdict:>12}  {t.name:<24} {shown:>8} (target {sign} {t.limit:g})  "
-                     f"{t.text}")
-    return "\n".join(lines)
-
-
-def one_off_costs(records: Iterable[bm.BenchRecord]) -> str:
-    """First calls that took over a second *and* 3x the median (compiling, cache building)."""
-    lines = [
-        f"  {r.group:<20} {r.case:<22} first call {r.first_call_ms / 1e3:6.1f} s "
-        f"(median afterwards {r.median_ms:.2f} ms)"
-        for r in records
-        if r.first_call_ms is not None and r.median_ms is not None
-        and r.first_call_ms > max(1000.0, 3 * r.median_ms)
-    ]
-    return "\n".join(lines) if lines else "  (none over 1 s and 3x the median)"
 
 
 def main(argv: Sequence[str] | None = None, *, suite: SuiteFn | None = None) -> int:

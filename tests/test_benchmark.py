@@ -25,7 +25,9 @@ import pytest
 import torch
 
 from benchmarks import suite as bs
+from benchmarks.allocator import keep_freed_memory
 from tutorial_pkg import benchmark as bm
+from tutorial_pkg import memory
 
 pytestmark = [
     pytest.mark.filterwarnings("ignore:`torch.jit.script_method` is deprecated"),
@@ -33,9 +35,6 @@ pytestmark = [
 ]
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-# Set TUTORIAL_PKG_SKIP_SLOW=1 to skip the torch.compile test (inductor codegen, seconds).
-slow = pytest.mark.skipif(os.environ.get("TUTORIAL_PKG_SKIP_SLOW") == "1",
-                          reason="TUTORIAL_PKG_SKIP_SLOW=1")
 FAST = {"device": "cpu", "warmup": 1, "min_runs": 5, "max_time_s": 0.02}
 FOUR_MB = 4_000_000
 # The CPU allocator reports exact request sizes; allow a little for the odd
@@ -211,6 +210,14 @@ def _record(case: str, median: float, **params) -> bm.BenchRecord:
     )
 
 
+def test_save_results_refuses_what_is_not_a_record(tmp_path):
+    with pytest.raises(TypeError, match=r"records\[0\]"):
+        bm.save_results([{"case": "a"}], tmp_path / "r.json", {})
+    with pytest.raises(TypeError, match="hardware"):
+        bm.save_results([], tmp_path / "r.json", ["cpu"])
+    assert not (tmp_path / "r.json").exists()
+
+
 def test_save_load_round_trip(tmp_path):
     records = [
         _record("ref", 1.0, seq_len=128, dtype=torch.float16, stage="fwd"),
@@ -267,9 +274,9 @@ def test_text_table_aligns_text_left_and_numbers_right():
 def test_keep_freed_memory_stops_page_faults_on_fresh_outputs():
     resource = pytest.importorskip("resource")
     with pytest.raises(ValueError, match="threshold_bytes"):
-        bm.keep_freed_memory(64 * 2**20)
+        keep_freed_memory(64 * 2**20)
     with pytest.raises(TypeError, match="threshold_bytes"):
-        bm.keep_freed_memory(1.5)
+        keep_freed_memory(1.5)
     x = torch.randn(2**20)  # 4 MiB: above glibc's default mmap threshold before it adapts
 
     def faults_per_clone(n: int = 5) -> float:
@@ -280,7 +287,7 @@ def test_keep_freed_memory_stops_page_faults_on_fresh_outputs():
             del y
         return (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - start) / n
 
-    if not bm.keep_freed_memory():
+    if not keep_freed_memory():
         pytest.skip("not glibc")
     faults_per_clone()  # the first block comes from the OS once
     assert faults_per_clone() < 16  # 4 MiB = 1024 pages: reused, not faulted in again
@@ -427,11 +434,35 @@ def test_available_memory_on_cpu_is_the_configured_limit_or_nothing():
     assert bm.available_memory("cpu", limit=123) == 123
 
 
+def test_memory_check_rejects_what_it_cannot_read():
+    fp = bm.Footprint(call=10)
+    for kwargs, exc, name in [({"available": -1}, ValueError, "available"),
+                              ({"available": 1.5}, TypeError, "available"),
+                              ({"available": 10, "headroom": -0.1}, ValueError, "headroom"),
+                              ({"available": 10, "reserve": -1}, ValueError, "reserve")]:
+        with pytest.raises(exc, match=name):
+            bm.fit_problem(fp, **kwargs)
+    with pytest.raises(TypeError, match="footprint"):
+        bm.fit_problem(10, 100)
+    with pytest.raises(ValueError, match="limit"):
+        bm.available_memory("cpu", limit=0)
+
+
+def test_resolve_device_names_one_device():
+    assert bm.resolve_device("cpu") == torch.device("cpu")
+    assert bm.resolve_device(torch.device("cpu")) == torch.device("cpu")
+    assert bm.resolve_device(None).type == ("cuda" if torch.cuda.is_available() else "cpu")
+    with pytest.raises(ValueError, match="device"):
+        bm.resolve_device("meta")  # shapes without memory or time: nothing to measure
+    with pytest.raises(TypeError, match="device"):
+        bm.resolve_device(0)
+
+
 def test_available_memory_on_cuda_counts_cached_blocks_and_caps(monkeypatch):
     """The CUDA arithmetic, with torch.cuda's answers mocked (no GPU here)."""
     gib = 2**30
     cuda = torch.device("cuda", 0)
-    monkeypatch.setattr(bm, "_resolve_device", lambda device: cuda)
+    monkeypatch.setattr(memory, "resolve_device", lambda device=None: cuda)
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (10 * gib, 16 * gib))
     monkeypatch.setattr(torch.cuda, "memory_allocated", lambda device=None: 3 * gib)
     monkeypatch.setattr(torch.cuda, "memory_reserved", lambda device=None: 5 * gib)
@@ -499,35 +530,34 @@ def _measured_need(case) -> int:
 @pytest.mark.parametrize("pass_", ["fwd", "fwd+bwd"])
 @pytest.mark.parametrize(("dtype", "rules"), [("float32", "cpu"), ("float16", "cpu"),
                                               ("float16", "gpu")])  # float32: the same rules
-def test_attention_footprints_bound_the_memory_measured_on_cpu(monkeypatch, rules, pass_,
-                                                               dtype):
+def test_attention_footprints_bound_the_memory_measured_on_cpu(rules, pass_, dtype):
     """Every case, measured with the profiler, against its footprint: never more than the
     estimate plus 2 MiB (CPU kernels' scratch buffers, a constant left to the 256 MiB
     reserve), and, where the quadratic terms dominate (4 MiB and up here), not wasteful
     either (under 1.35x the measurement). With the GPU's rules the backends cast masks to
     q's dtype and take no key row, so the GPU-only terms are measured too."""
+    import contextlib
+
     from tutorial_pkg import backends
 
-    if rules == "gpu":
-        monkeypatch.setattr(backends, "_FLOAT32_MASK_DEVICES", set())
-        monkeypatch.setattr(backends, "_key_row_ok", {
-            ("cpu", dt, gqa): False for dt in (torch.float16, torch.bfloat16)
-            for gqa in (False, True)})
-    args = _args("--dtype", dtype, "--heads", "4", "--head-dim", "16", "--lengths", "512",
-                 "--passes", pass_, "--encodings", "alibi", "--backends", "naive", "sdpa",
-                 "auto")
-    (entry,) = bs.attention_suite(args)
-    try:
-        quadratic = 0
-        for name, case in entry.cases.items():
-            need, measured = case.footprint.need, _measured_need(case)
-            assert measured <= need + 2 * 2**20, (name, measured, need)
-            if need >= 4 * 2**20:
-                quadratic += 1
-                assert need <= 1.35 * measured, (name, measured, need)
-        assert quadratic >= 4  # naive, sdpa, article, the 3-D mask (and auto without its row)
-    finally:
-        backends.clear_caches()
+    gpu_rules = backends.assume_kernels("cpu", float32_mask=False, key_row=False)
+    with gpu_rules if rules == "gpu" else contextlib.nullcontext():
+        args = _args("--dtype", dtype, "--heads", "4", "--head-dim", "16", "--lengths", "512",
+                     "--passes", pass_, "--encodings", "alibi", "--backends", "naive", "sdpa",
+                     "auto")
+        (entry,) = bs.attention_suite(args)
+        try:
+            quadratic = 0
+            for name, case in entry.cases.items():
+                need, measured = case.footprint.need, _measured_need(case)
+                assert measured <= need + 2 * 2**20, (name, measured, need)
+                if need >= 4 * 2**20:
+                    quadratic += 1
+                    assert need <= 1.35 * measured, (name, measured, need)
+            # naive, sdpa, article, the 3-D mask (and auto without its row)
+            assert quadratic >= 4
+        finally:
+            backends.clear_caches()
 
 
 def test_rope_and_lm_footprints_bound_their_memory():
@@ -555,7 +585,7 @@ def test_device_plan_follows_the_compute_capability(monkeypatch, capability, bf1
     entry = bs._rope_entry(torch.device("cpu"), (1, 2, 8, 16), "bfloat16", plan)
     assert (entry.cases["rotate fused"].skip is None) is bf16
     if not bf16:  # recorded as skipped, with the reason, and never called
-        (rec,) = [r for r in bm.compare(entry.cases, bm.ROPE_LIMIT, device="cpu", warmup=0,
+        (rec,) = [r for r in bm.compare(entry.cases, bs.ROPE_LIMIT, device="cpu", warmup=0,
                                         min_runs=1, max_time_s=0.001, measure_memory=False)
                   if r.case == "rotate fused"]
         assert rec.skipped and "compute capability 8.0" in rec.error and "sm75" in rec.error
@@ -565,7 +595,7 @@ def test_device_plan_follows_the_compute_capability(monkeypatch, capability, bf1
 
 def test_the_command_line_takes_the_plan_on_cuda(monkeypatch):
     cuda = torch.device("cuda", 0)
-    monkeypatch.setattr(bs.bm, "_resolve_device", lambda device: cuda)
+    monkeypatch.setattr(bs.bm, "resolve_device", lambda device=None: cuda)
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (7, 5))
     args = bs.parse_args(["--device", "cuda"])
     assert args.dtype == "float16" and args.lengths == [1024, 2048, 4096, 8192, 16384]
@@ -595,7 +625,7 @@ def test_attention_suite_cases_compute_the_same_attention():
     entries = list(bs.default_suite(args))
     assert [e.params["pass"] for e in entries] == ["fwd", "fwd+bwd"]
     for entry in entries:
-        assert entry.reference == bm.ATTENTION_LIMIT and entry.reference in entry.cases
+        assert entry.reference == bs.ATTENTION_LIMIT and entry.reference in entry.cases
         names = set(entry.cases)
         assert {"nope/sdpa", "alibi/auto", "alibi/article", "alibi/sdpa-3d-mask"} <= names
         assert "nope/auto" not in names  # auto is the sdpa path without a bias
@@ -605,7 +635,7 @@ def test_attention_suite_cases_compute_the_same_attention():
             for x, y in zip(outs[a], outs[b], strict=True):
                 torch.testing.assert_close(x, y, atol=1e-4, rtol=1e-4)
 
-        same("nope/sdpa", bm.ATTENTION_LIMIT)  # NoPE through the package == the limit
+        same("nope/sdpa", bs.ATTENTION_LIMIT)  # NoPE through the package == the limit
         for enc in bs.ATTENTION_ENCODINGS:
             same(f"{enc}/sdpa", f"{enc}/naive")
         for enc in ("alibi", "hybrid"):
@@ -652,7 +682,7 @@ def test_cli_quick_writes_json(tmp_path):
     assert data["hardware"]["malloc"] in ("glibc keeps freed blocks (mmap threshold 32 MiB)",
                                           "default")
     records = {r["case"]: r for r in data["records"]}
-    assert set(records) == {bm.ATTENTION_LIMIT, "alibi/sdpa", "alibi/auto", "alibi/article",
+    assert set(records) == {bs.ATTENTION_LIMIT, "alibi/sdpa", "alibi/auto", "alibi/article",
                             "alibi/sdpa-3d-mask"}
     assert all(r["ratio"] is not None and r["first_call_ms"] > 0 for r in records.values())
     # the cached (1, H, 128, 128) table vs a (1, H, 1, 128) row (both rounded up to 128)
@@ -671,10 +701,37 @@ def test_library_does_not_import_the_model():
     # the suites build models; the measuring library must not need them
     import ast
 
-    tree = ast.parse((REPO_ROOT / "tutorial_pkg" / "benchmark.py").read_text())
-    imported = {n.module or "" for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
-    imported |= {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
-    assert not {"model", ".model", "tutorial_pkg.model", "attention", "encodings"} & imported
+    for module in ("benchmark", "timing", "memory", "records"):
+        tree = ast.parse((REPO_ROOT / "tutorial_pkg" / f"{module}.py").read_text())
+        imported = {n.module or "" for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
+        imported |= {a.name for n in ast.walk(tree) if isinstance(n, ast.Import)
+                     for a in n.names}
+        assert not {"model", ".model", "tutorial_pkg.model", "attention", "encodings",
+                    "benchmarks", "matplotlib"} & imported, module
+
+
+def test_make_bench_runs_a_command_that_takes_its_options():
+    """``make bench`` names a program that exists and parses the options it is given (the
+    old target ran ``python -m tutorial_pkg.benchmark``, a module with no ``__main__``: it
+    exited 0, printed nothing and wrote nothing)."""
+    import shlex
+    import shutil
+
+    if shutil.which("make") is None:
+        pytest.skip("no make here")
+    proc = subprocess.run(["make", "-s", "-n", "bench"], cwd=REPO_ROOT, capture_output=True,
+                          text=True, check=True)
+    (line,) = [ln for ln in proc.stdout.splitlines() if "python" in ln]
+    python, *args = shlex.split(line)
+    assert Path(python).name.startswith("python") and "--out" in args
+    if args[0] == "-m":
+        assert args[1].startswith("benchmarks.") or args[1].startswith("tutorial_pkg.")
+    else:
+        assert (REPO_ROOT / args[0]).is_file(), f"make bench runs {args[0]}, which is missing"
+    help_ = subprocess.run([sys.executable, *args, "--help"], cwd=REPO_ROOT,
+                           capture_output=True, text=True, timeout=120)
+    assert help_.returncode == 0, help_.stderr
+    assert "--out" in help_.stdout  # the option make passes is one the program reads
 
 
 def test_cli_custom_suite_hook(tmp_path, capsys):

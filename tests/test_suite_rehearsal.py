@@ -40,16 +40,14 @@ from tutorial_pkg.encodings import PositionEncoding
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 META = torch.device("meta")
-HALF = (torch.float16, torch.bfloat16)
 
 
 @pytest.fixture
 def gpu_like(monkeypatch):
     """The GPU's answers where ``meta`` has none: compute capability 7.5, no key row."""
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (7, 5))
-    monkeypatch.setattr(backends, "_key_row_ok", {
-        ("meta", dt, gqa): False for dt in (torch.float32, *HALF) for gqa in (False, True)})
-    yield
+    with backends.assume_kernels("meta", key_row=False):
+        yield
     backends.clear_caches()
 
 

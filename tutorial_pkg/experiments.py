@@ -10,8 +10,8 @@
 * RoPE scaling rules are applied **at evaluation only**, with ``factor = eval_len /
   train_len``, and the original rule is restored afterwards (:func:`scaled_rope`).
 * :func:`run_extrapolation` does both for a list of encodings and returns flat records
-  (dicts) for :func:`format_table`, :func:`tutorial_pkg.plotting.records_curves` and,
-  over several training seeds, :func:`summarize_seeds`.
+  (dicts) for :func:`format_table` and, over several training seeds,
+  :func:`summarize_seeds`.
 
 An encoding that cannot represent a position (:func:`position_limit`) gets ``None``
 perplexities and a ``note`` for those lengths: the run neither crashes nor reports
@@ -624,7 +624,7 @@ def format_table(
         digits: decimals.
 
     Returns:
-        The table, in the layout of the benchmark tables (``text_table``) under a title
+        The table, in the layout of the benchmark tables (:func:`tutorial_pkg.records.text_table`) under a title
         line; ``n/a`` marks a value that was not measured, and each distinct ``note`` is
         listed below the table.
 

@@ -2,17 +2,27 @@
 
 Each function draws on axes it is given (or creates a figure) and returns the
 figure, so a chapter can add to it; nothing here calls ``plt.show()``.
+
+matplotlib is an optional dependency (``pip install "tutorial_pkg[plot]"``; the book's
+extra has it too): ``import tutorial_pkg`` does not import this module, and importing it
+without matplotlib raises an ``ImportError`` that says so.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 
-import matplotlib.pyplot as plt
 import numpy as np
 import torch
 
-__all__ = ["heatmap", "head_heatmaps", "curves", "records_curves", "band_curves"]
+try:
+    import matplotlib.pyplot as plt
+except ImportError as exc:  # the layers need no matplotlib; only the figures do
+    raise ImportError(
+        'tutorial_pkg.plotting needs matplotlib: pip install "tutorial_pkg[plot]"'
+    ) from exc
+
+__all__ = ["heatmap", "head_heatmaps", "curves", "band_curves"]
 
 
 def _np(x) -> np.ndarray:
@@ -130,46 +140,6 @@ def curves(
     if logx:
         ax.set_xscale("log", base=2)
     if logy:
-        ax.set_yscale("log")
-    ax.grid(True, alpha=0.3)
-    ax.legend(fontsize="small")
-    return ax.figure
-
-
-def records_curves(
-    records: Sequence[Mapping],
-    *,
-    x: str,
-    y: str,
-    group: str | Sequence[str],
-    ax=None,
-    **kwargs,
-):
-    """Curves from a list of result records (dicts): one curve per ``group`` value.
-
-    Example: ``records_curves(rows, x="eval_len", y="ppl", group="encoding")``.
-
-    Returns:
-        The figure.
-    """
-    keys = (group,) if isinstance(group, str) else tuple(group)
-    series: dict[str, list[tuple[float, float]]] = {}
-    for r in records:
-        label = " / ".join(str(r[k]) for k in keys)
-        series.setdefault(label, []).append((r[x], r[y]))
-    xs = sorted({p[0] for pts in series.values() for p in pts})
-    if ax is None:
-        _, ax = plt.subplots(figsize=(6, 4))
-    for label, pts in series.items():
-        pts.sort()
-        ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=label)
-    kwargs.setdefault("xlabel", x)
-    kwargs.setdefault("ylabel", y)
-    ax.set(title=kwargs.pop("title", ""), xlabel=kwargs.pop("xlabel"), ylabel=kwargs.pop("ylabel"))
-    if kwargs.pop("logx", False):
-        ax.set_xscale("log", base=2)
-        ax.set_xticks(xs, [str(v) for v in xs])
-    if kwargs.pop("logy", False):
         ax.set_yscale("log")
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize="small")
