@@ -1,5 +1,6 @@
 """Shared pytest options and fixtures."""
 
+import sys
 from pathlib import Path
 
 import pytest
@@ -36,3 +37,12 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(n)
+
+
+@pytest.fixture(autouse=True)
+def _clear_backend_caches():
+    """No test inherits the bias tables and block masks of the one before it."""
+    yield
+    backends = sys.modules.get("tutorial_pkg.backends")  # imported by the test, if at all
+    if backends is not None:
+        backends.clear_caches()

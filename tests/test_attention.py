@@ -6,6 +6,7 @@ except in one test, which compiles it for one small shape.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import warnings
 from unittest import mock
@@ -15,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from tutorial_pkg import attention, backends
+from tutorial_pkg import backends
 from tutorial_pkg.attention import KVCache, MultiHeadAttention, TransformerBlock
 from tutorial_pkg.encodings import ALiBi, Hybrid, make_encoding
 
@@ -36,6 +37,15 @@ pytestmark = [
     pytest.mark.filterwarnings("ignore:`torch.jit.script_method` is deprecated"),
     pytest.mark.usefixtures("one_thread"),
 ]
+
+
+@contextlib.contextmanager
+def no_fallback():
+    """The backend must really run: a fallback to sdpa (its RuntimeWarning) raises."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message="flex backend falls back to sdpa",
+                                category=RuntimeWarning)
+        yield
 
 
 def build_encoding(key: str, causal: bool = True, d_model=D_MODEL, n_heads=N_HEADS):
@@ -97,8 +107,7 @@ def compare_backend(key, backend, causal, use_pad, gqa, compile_flex=False):
     with torch.no_grad():
         expected = model(x, pad)
         model.attn.backend = backend
-        # the backend must really run, not fall back to sdpa
-        with mock.patch.object(attention, "_warn_once", side_effect=AssertionError):
+        with no_fallback():  # the backend must really run, not fall back to sdpa
             got = model(x, pad)
     assert torch.isfinite(got).all()
     torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-5)
@@ -132,10 +141,10 @@ def test_compiled_flex_equals_naive_below_and_above_one_tile(monkeypatch):
     # fails here with the old always-compiled path; below one tile Flex now runs eagerly.
     import torch._inductor.config as inductor_config
 
-    torch._dynamo.reset()
-    monkeypatch.setattr(backends, "_compiled_flex", {})
+    torch._dynamo.reset()  # compiled functions recompile, with the patched config
+    kernel = mock.patch.object(backends, "flex_kernel", wraps=backends.flex_kernel)
     try:
-        with inductor_config.patch({"cpp.simdlen": 256}):
+        with inductor_config.patch({"cpp.simdlen": 256}), kernel as chosen:
             for key, length in (("alibi", 8), ("nope", 8), ("alibi", 136)):
                 torch.manual_seed(0)
                 model = Tiny(key, "naive", compile_flex=True)
@@ -143,18 +152,18 @@ def test_compiled_flex_equals_naive_below_and_above_one_tile(monkeypatch):
                 with torch.no_grad():
                     expected = model(x)
                     model.attn.backend = "flex"
-                    with mock.patch.object(attention, "_warn_once", side_effect=AssertionError):
+                    with no_fallback():
                         got = model(x)
                 assert torch.isfinite(got).all(), (key, length)
                 torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-5)
-        assert True in backends._compiled_flex  # 136 tokens took the compiled dynamic path
+        # 8 tokens ran eagerly; 136 took the compiled dynamic path
+        assert chosen.call_args_list == [mock.call(False, True)] * 2 + [mock.call(True, True)]
     finally:
         torch._dynamo.reset()
 
 
 @needs_flex
-def test_flex_falls_back_to_sdpa_with_a_warning_under_grad(monkeypatch):
-    monkeypatch.setattr(attention, "_warned", set())
+def test_flex_falls_back_to_sdpa_with_a_warning_under_grad():
     model = Tiny("alibi", "flex")
     x = inputs(2)
     with pytest.warns(RuntimeWarning, match="falls back to sdpa"):
@@ -435,9 +444,30 @@ def test_auto_key_row_check_rejects_a_kernel_that_rounds_the_row(monkeypatch):
         return real(q, k, v, attn_mask=attn_mask, **kw)
 
     monkeypatch.setattr(backends.F, "scaled_dot_product_attention", rounding)
-    assert not backends._probe_key_row(torch.device("cpu"), torch.bfloat16, False)
+    assert not backends.probe_key_row(torch.device("cpu"), torch.bfloat16, False)
     monkeypatch.setattr(backends.F, "scaled_dot_product_attention", real)
-    assert backends._probe_key_row(torch.device("cpu"), torch.float32, False)
+    assert backends.probe_key_row(torch.device("cpu"), torch.float32, False)
+
+
+@pytest.mark.parametrize("gqa", [False, True], ids=["mha", "gqa"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16, torch.float16],
+                         ids=str)
+def test_this_torch_takes_a_float_key_row_with_is_causal_exactly_on_cpu(dtype, gqa):
+    # "auto" relies on behaviour PyTorch documents as an error (attn_mask with is_causal):
+    # the probe runs it, with the selected kernel and with each fused kernel alone, and
+    # compares forward and gradients with float64. A torch that refuses the pair, drops
+    # is_causal or rounds the row fails here (and "auto" would silently take "sdpa").
+    assert backends.probe_key_row(torch.device("cpu"), dtype, gqa) is True
+    with torch.nn.attention.sdpa_kernel([torch.nn.attention.SDPBackend.FLASH_ATTENTION]):
+        q = torch.randn(1, N_HEADS, 64, 16, dtype=dtype)  # CPU flash takes the pair
+        row = torch.randn(1, N_HEADS, 1, 64)
+        got = F.scaled_dot_product_attention(q, q, q, attn_mask=row.to(q.dtype) if
+                                             dtype == torch.float64 else row, is_causal=True)
+    future = torch.ones(64, 64, dtype=torch.bool).triu(1)
+    scores = (q.double() @ q.double().transpose(-2, -1)) / 4 + row.double()
+    want = scores.masked_fill(future, float("-inf")).softmax(-1) @ q.double()
+    tol = 1e-5 if dtype in (torch.float32, torch.float64) else 3e-2
+    torch.testing.assert_close(got.double(), want, rtol=tol, atol=tol)
 
 
 def test_attend_is_forward_without_the_projections():
@@ -474,9 +504,16 @@ def test_key_only_alibi_in_half_precision_at_large_positions(backend, dtype):
     torch.testing.assert_close(got.double(), want, rtol=0, atol=3e-2)
 
 
-def test_sdpa_shifts_a_16_bit_bias_per_row_where_the_kernel_wants_q_dtype(monkeypatch):
+@pytest.fixture
+def masks_in_q_dtype():
+    """CUDA's rule on the CPU: SDPA's float mask must have q's dtype."""
+    with backends.assume_kernels("cpu", float32_mask=False):
+        yield
+
+
+def test_sdpa_shifts_a_16_bit_bias_per_row_where_the_kernel_wants_q_dtype(monkeypatch,
+                                                                           masks_in_q_dtype):
     # the path of devices whose SDPA wants the mask in q's dtype (CUDA half), on CPU
-    monkeypatch.setattr(backends, "_FLOAT32_MASK_DEVICES", set())
     seen = []
     real = F.scaled_dot_product_attention
 
@@ -490,9 +527,8 @@ def test_sdpa_shifts_a_16_bit_bias_per_row_where_the_kernel_wants_q_dtype(monkey
 
 
 @needs_flex
-def test_flex_under_no_grad_with_inputs_that_require_grad(monkeypatch):
+def test_flex_under_no_grad_with_inputs_that_require_grad():
     # torch refuses CPU Flex for inputs that require grad whatever the grad mode
-    monkeypatch.setattr(attention, "_warned", set())
     torch.manual_seed(0)
     layer = MultiHeadAttention(D_MODEL, N_HEADS, ALiBi(N_HEADS), backend="flex",
                                compile_flex=False)
@@ -542,14 +578,14 @@ def test_default_positions_read_nothing_back_from_the_device(key, backend, monke
 
 @needs_flex
 def test_block_mask_cache_is_bounded(monkeypatch):
-    monkeypatch.setattr(backends, "_block_masks", __import__("collections").OrderedDict())
+    backends.clear_caches()
     monkeypatch.setattr(backends, "MAX_BLOCK_MASKS", 3)
     layer = MultiHeadAttention(D_MODEL, N_HEADS, ALiBi(N_HEADS), backend="flex",
                                compile_flex=False)
     with torch.no_grad():
         for length in range(2, 9):
             layer(inputs(13, b=1, s=length))
-    assert len(backends._block_masks) == 3
+    assert backends.cache_info()["block_masks"] == 3
 
 
 def test_a_bad_call_leaves_the_kv_cache_as_it_was():
@@ -573,7 +609,7 @@ def test_flex_compiles_dynamic_shapes_only_for_default_positions(monkeypatch):
         calls.append((compiled, dynamic))
         return backends.flex_attention  # run eagerly here: only the choice is tested
 
-    monkeypatch.setattr(backends, "_flex_fn", recording)
+    monkeypatch.setattr(backends, "flex_kernel", recording)
     layer = MultiHeadAttention(D_MODEL, N_HEADS, ALiBi(N_HEADS), backend="flex")
     x = inputs(15, b=1, s=130)
     with torch.no_grad():
@@ -584,10 +620,9 @@ def test_flex_compiles_dynamic_shapes_only_for_default_positions(monkeypatch):
 
 @pytest.mark.parametrize("causal", [True, False], ids=["causal", "bidir"])
 @pytest.mark.parametrize("mode", ["key_only", "causal"])
-def test_16_bit_sdpa_mask_is_shifted_over_the_keys_a_query_sees(monkeypatch, mode, causal):
+def test_16_bit_sdpa_mask_is_shifted_over_the_keys_a_query_sees(masks_in_q_dtype, mode, causal):
     # where SDPA wants the mask in q's dtype (CUDA half), each row is shifted before
     # rounding; the shift must ignore padded keys and the cached table's keys past L_k
-    monkeypatch.setattr(backends, "_FLOAT32_MASK_DEVICES", set())
     enc = ALiBi(N_HEADS, mode=mode if causal else "causal")
     layer = MultiHeadAttention(D_MODEL, N_HEADS, enc, backend="sdpa", causal=causal)
     naive = MultiHeadAttention(D_MODEL, N_HEADS, enc, backend="naive", causal=causal)
@@ -704,7 +739,7 @@ def test_head_dim_scale_norms_every_backend_equals_naive(key, use_pad, backend):
     with torch.no_grad():
         expected = layer(x, key_padding_mask=pad)
         layer.backend = backend
-        with mock.patch.object(attention, "_warn_once", side_effect=AssertionError):
+        with no_fallback():
             got = layer(x, key_padding_mask=pad)
     torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-5)
 
@@ -719,7 +754,7 @@ def test_scale_equals_default_scale_with_scaled_queries(key, backend):
     layer = _real_layer(key, backend, scale=c, bias=True)
     ref = _scaled_q(layer, c)
     x, pad = inputs(4), padding()
-    with torch.no_grad(), mock.patch.object(attention, "_warn_once", side_effect=AssertionError):
+    with torch.no_grad(), no_fallback():
         got = layer(x, key_padding_mask=pad)
         want = ref(x, key_padding_mask=pad)
         default = _scaled_q(layer, HEAD_DIM**-0.5)(x, key_padding_mask=pad)
@@ -737,9 +772,15 @@ def test_default_scale_is_computed_as_before():
                            backend="naive", scale=(D_MODEL // N_HEADS) ** -0.5)
     b.load_state_dict(a.state_dict())
     x = inputs()
-    with torch.no_grad():
+    plans = []
+
+    def recording(q, k, v, plan, encoding, **kw):
+        plans.append(plan)
+        return backends.naive(q, k, v, plan, encoding, **kw)
+
+    with torch.no_grad(), mock.patch.dict(backends.BACKENDS, naive=recording):
         assert torch.equal(a(x), b(x))
-    assert a._plan_scale() is None and b._plan_scale() is None
+    assert [p.scale for p in plans] == [None, None]  # the kernels' own default, both
     assert "scale" not in repr(a)
 
 

@@ -33,9 +33,9 @@ directly) are replicated, with the encoding on the CPU where the chapter leaves 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import math
 import warnings
-from unittest import mock
 
 import pytest
 import torch
@@ -217,9 +217,13 @@ class FakeCuda:
 
 @pytest.fixture(params=["meta", "fake_cuda"])
 def dev(request):
-    backends.clear_caches()
-    yield Meta() if request.param == "meta" else FakeCuda()
-    backends.clear_caches()
+    return Meta() if request.param == "meta" else FakeCuda()  # caches: tests/conftest.py
+
+
+def _assume_kernels(monkeypatch, device_type, **rules):
+    """``backends.assume_kernels(device_type, **rules)`` for the rest of the test."""
+    monkeypatch.setitem(backends.KERNEL_RULES, device_type,
+                        dataclasses.replace(backends.kernel_rules(device_type), **rules))
 
 
 def _fake_kernels(monkeypatch):
@@ -230,10 +234,9 @@ def _fake_kernels(monkeypatch):
         calls["flex"].append(compiled)
         return _reference_flex
 
-    monkeypatch.setattr(backends, "_flex_fn", flex_fn)
+    monkeypatch.setattr(backends, "flex_kernel", flex_fn)
     # Flex refuses meta tensors; let the backend run up to the (stand-in) kernel there too
-    flex_devices = getattr(backends, "_FLEX_DEVICES", set()) | {"meta"}
-    monkeypatch.setattr(backends, "_FLEX_DEVICES", flex_devices, raising=False)
+    _assume_kernels(monkeypatch, "meta", flex=True, flex_backward=True)
     monkeypatch.setattr(F, "scaled_dot_product_attention", _fused_key_row_sdpa)
     real_key_row = backends.key_row
 
@@ -314,7 +317,7 @@ def test_cuda_indexing_equals_torch_indexing(index):
 @pytest.mark.parametrize("case", ["causal", "padding", "documents", "window"])
 def test_the_stand_in_kernels_give_naive_attention_on_cpu(monkeypatch, key, case):
     calls = _fake_kernels(monkeypatch)
-    monkeypatch.setitem(backends._key_row_ok, ("cpu", torch.float32, False), True)
+    _assume_kernels(monkeypatch, "cpu", key_row=True)
     _ = torch.manual_seed(0)
     enc = make_encoding(key)
     layers = {b: MultiHeadAttention(D_MODEL, H, enc, backend=b, window=3 if case == "window"
@@ -337,7 +340,6 @@ def test_the_stand_in_kernels_give_naive_attention_on_cpu(monkeypatch, key, case
     assert calls["flex"], "the flex stand-in was not used"
     if case == "causal" and key in ("alibi", "hybrid"):
         assert calls["key_row"] == 1  # auto took the fused key-row path, with the stand-in
-    backends.clear_caches()
 
 
 def test_the_fused_key_row_stand_in_equals_cpu_sdpa():
@@ -400,7 +402,7 @@ def test_chapter4_table_sizes_on_the_device(dev):
     assert row.untyped_storage().nbytes() == H * L_chk * 4
     assert cached.device.type == row.device.type == dev.device.type
     assert probe is False  # nothing runs on data-less tensors: nothing is proven ...
-    assert (dev.device.type, torch.float32, False) not in backends._key_row_ok  # ... or kept
+    assert (dev.device.type, torch.float32, False) not in backends.cache_info()["key_row_probes"]
 
 
 # --------------------------------------------------------------------------- every path
@@ -409,7 +411,7 @@ def test_chapter4_table_sizes_on_the_device(dev):
 def test_every_encoding_and_backend_runs_on_the_device(monkeypatch, dev, key, backend):
     calls = _fake_kernels(monkeypatch)
     if key in ("alibi", "hybrid"):  # let "auto" take its key-row path (the stand-in kernel)
-        monkeypatch.setitem(backends._key_row_ok, (dev.device.type, dev.dtype, False), True)
+        _assume_kernels(monkeypatch, dev.device.type, key_row=True)
     layer = dev.on_device(lambda: MultiHeadAttention(D_MODEL, H, make_encoding(key),
                                                      backend=backend))
     with dev.run():
@@ -561,7 +563,6 @@ def test_tables_cached_for_one_device_are_never_served_to_another():
             torch.testing.assert_close(bias[0], want)
             torch.testing.assert_close(row[0, :, 0], enc.slopes[:, None] * torch.arange(8.0))
     assert {t.device.type for t in backends.cached_tensors(enc)} == {"cpu", "meta"}
-    backends.clear_caches()
 
 
 def test_nothing_is_cached_or_served_under_fake_tensor_mode(monkeypatch):
@@ -571,26 +572,27 @@ def test_nothing_is_cached_or_served_under_fake_tensor_mode(monkeypatch):
     layer = fake.on_device(lambda: MultiHeadAttention(D_MODEL, H,
                                                       tp.make_encoding("alibi", n_heads=H),
                                                       backend="flex"))
-    masks_before, probes_before = len(backends._block_masks), dict(backends._key_row_ok)
+    before = backends.cache_info()
     with fake.run():
         backends.cached_bias(enc, 0, 8, 8, causal=True, device=CUDA)
         backends.cached_key_row(enc, 8, device=CUDA)
         layer.attend(*_qkv(fake))  # a causal block mask on fake cuda
         backends.key_row_supported(CUDA, torch.float16, False)
     assert backends.cached_tensors(enc) == []
-    assert len(backends._block_masks) == masks_before
-    assert backends._key_row_ok == probes_before  # a later real GPU still probes its kernel
+    after = backends.cache_info()
+    assert after["block_masks"] == before["block_masks"]
+    assert after["key_row_probes"] == before["key_row_probes"]  # a real GPU still probes
     # and a real call after the fake run builds real tensors
     real = tp.make_encoding("alibi", n_heads=H)
     assert not isinstance(backends.cached_bias(real, 0, 8, 8, causal=True, device="cpu"),
                           FakeTensor)
-    backends.clear_caches()
 
 
 def test_the_key_row_probe_does_not_run_on_meta():
-    with mock.patch.object(backends, "_key_row_ok", {}):
-        assert backends.key_row_supported(torch.device("meta"), torch.float32, False) is False
-        assert backends._key_row_ok == {}  # not cached either
+    assert backends.key_row_supported(torch.device("meta"), torch.float32, False) is False
+    assert backends.probe_key_row(torch.device("meta"), torch.float32, False) is None
+    probes = backends.cache_info()["key_row_probes"]
+    assert ("meta", torch.float32, False) not in probes  # not cached either
 
 
 def test_the_shim_turns_fake_cuda_autograd_into_an_error():

@@ -15,14 +15,15 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
-from unittest import mock
+import warnings
 
 import pytest
 import torch
 
-from tutorial_pkg import attention, backends
+from tutorial_pkg import backends
 from tutorial_pkg.attention import KVCache, MultiHeadAttention
 from tutorial_pkg.backends import AttentionPlan
 from tutorial_pkg.encodings import ENCODINGS, NoPE, Rotary, make_encoding
@@ -60,8 +61,13 @@ def x_of(seed, b=2, s=9):
     return torch.randn(b, s, D, generator=torch.Generator().manual_seed(seed))
 
 
+@contextlib.contextmanager
 def no_fallback():
-    return mock.patch.object(attention, "_warn_once", side_effect=AssertionError)
+    """The backend must really run: a fallback to sdpa (its RuntimeWarning) raises."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message="flex backend falls back to sdpa",
+                                category=RuntimeWarning)
+        yield
 
 
 # --------------------------------------------------------------------------- windows
@@ -205,7 +211,7 @@ def test_flex_window_block_mask_skips_blocks_outside_the_window():
     s = 4 * backends.FLEX_TILE
     plans = [AttentionPlan(q_pos=torch.arange(s)[None], k_pos=torch.arange(s)[None], start=0,
                            default_positions=True, causal=True, window=w) for w in (None, 128)]
-    causal, windowed = (backends._block_mask(p, 1, "cpu", mark_dynamic=False) for p in plans)
+    causal, windowed = (backends.flex_block_mask(p, device="cpu") for p in plans)
     # causal: 4 + 3 + 2 + 1 = 10 tiles computed; a 128-token window: at most 2 per row, 7
     assert causal.kv_num_blocks.sum() + causal.full_kv_num_blocks.sum() == 10
     assert windowed.kv_num_blocks.sum() + windowed.full_kv_num_blocks.sum() == 7

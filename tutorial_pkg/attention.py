@@ -2,8 +2,8 @@
 
 :class:`MultiHeadAttention` projects ``x`` to q, k, v, calls the encoding's hooks
 (``rotate``; the bias hooks through the backend), describes the call once as an
-:class:`~tutorial_pkg.backends.AttentionPlan` (positions, cache offset, causality,
-padding, documents) and hands it to one of the backends of
+:class:`~tutorial_pkg.masks.AttentionPlan` (positions, cache offset, causality,
+padding, documents, window, scale) and hands it to ``BACKENDS[backend]`` of
 :mod:`tutorial_pkg.backends`: ``"naive"``, ``"sdpa"``, ``"flex"`` or ``"auto"`` (the
 default: the fastest exact path without compiling; see that module).
 
@@ -24,7 +24,7 @@ builds such a layer from a Hugging Face attention module.
 
 ``window=w`` makes a layer attend within a sliding window (Mistral; Gemma's local
 layers): the query at cache slot ``i`` sees the key slots ``i - w < j <= i``, Hugging
-Face's convention (see :mod:`tutorial_pkg.backends`). Per-layer choices (NoPE layers,
+Face's convention (see :mod:`tutorial_pkg.masks`). Per-layer choices (NoPE layers,
 local and global layers) are :mod:`tutorial_pkg.schedules`.
 
 Devices: positions, masks and document ids follow the device of ``q`` (they are moved
@@ -36,8 +36,6 @@ parameters elsewhere than ``q``, a :class:`KVCache` holding keys on another devi
 """
 
 from __future__ import annotations
-
-import warnings
 
 import torch
 from torch import nn
@@ -51,8 +49,9 @@ from ._checks import (
     check_positive_float,
     check_positive_int,
 )
-from .backends import BACKENDS, AttentionPlan, flex_available
+from .backends import BACKENDS, flex_available
 from .encodings import NoPE, PositionEncoding, check_learned_device
+from .masks import AttentionPlan
 from .schedules import LayerSchedule
 
 __all__ = [
@@ -62,15 +61,6 @@ __all__ = [
     "MultiHeadAttention",
     "TransformerBlock",
 ]
-
-_warned: set = set()
-
-
-def _warn_once(reason: str) -> None:
-    if reason not in _warned:
-        _warned.add(reason)
-        warnings.warn(f"flex backend falls back to sdpa: {reason}", RuntimeWarning, stacklevel=4)
-
 
 class KVCache:
     """Keys and values of the tokens seen so far, for one attention layer.
@@ -92,16 +82,22 @@ class KVCache:
         """Number of cached tokens ``t`` (the cache slot of the next token)."""
         return 0 if self.k is None else self.k.shape[-2]
 
-    def update(self, k, v, positions, document_ids=None, *, default: bool = False):
+    def update(self, k, v, positions, document_ids=None):
         """Append new keys/values; return all keys, values, key positions and documents.
 
         Args:
             k, v: ``[b, n_kv, s, h_d]`` new keys (rotated) and values.
             positions: ``(s,)`` or ``[1 or b, s]`` positions of the new tokens.
             document_ids: optional ``[1 or b, s]`` document ids of the new tokens.
-            default: the positions are the default ones (``length + arange(s)``), so
-                attention may use cached tables (set by attention, not by users).
+
+        Raises ``ValueError`` if the new keys differ from the cached ones in device or
+        outside the sequence axis, or if ``document_ids`` are given on some calls only.
         """
+        return self._append(k, v, positions, document_ids, default=False)
+
+    def _append(self, k, v, positions, document_ids, *, default: bool):
+        # default: the positions are length + arange(s), so attention may keep using
+        # cached tables (only attention knows it; positions given by hand never are)
         positions = positions[None] if positions.dim() == 1 else positions
         self.default_positions = self.default_positions and default
         if self.k is None:
@@ -163,8 +159,9 @@ class MultiHeadAttention(nn.Module):
             default ``head_dim ** -0.5``. Every backend and the KV cache path use it;
             a bias is added after it, unscaled.
         causal: mask future keys (decoder) or not (encoder).
-        backend: ``"auto"`` (default), ``"naive"``, ``"sdpa"`` or ``"flex"``
-            (see :mod:`tutorial_pkg.backends`).
+        backend: ``"auto"`` (default), ``"naive"``, ``"sdpa"``, ``"flex"``, or another
+            name of the registry :data:`~tutorial_pkg.backends.BACKENDS`; checked here
+            and at each call (``ValueError`` naming it).
         dropout: attention dropout probability (training only).
         n_kv_heads: key/value heads for grouped-query attention (divides ``n_heads``);
             default ``n_heads``.
@@ -295,7 +292,7 @@ class MultiHeadAttention(nn.Module):
                 ``positions`` to restart them per document.
             kv_cache: a :class:`KVCache` to read and extend (incremental decoding).
             return_weights: also return the attention weights ``[b, H, s, L_k]``
-                (computed with the naive backend).
+                (computed with the ``"naive"`` backend, whatever ``backend`` is).
 
         Returns:
             ``[b, s, d_model]``, and the weights if ``return_weights``.
@@ -361,6 +358,18 @@ class MultiHeadAttention(nn.Module):
     # ----------------------------------------------------------------------------- the plan
     def _attend(self, q, k, v, positions, key_padding_mask, document_ids, kv_cache,
                 return_weights):
+        q, k, v, plan = self._prepare(q, k, v, positions, key_padding_mask, document_ids,
+                                      kv_cache)
+        dropout = self.dropout if self.training else 0.0
+        if return_weights:  # only the textbook form has weights
+            return backends.naive(q, k, v, plan, self.encoding, dropout_p=dropout,
+                                  need_weights=True)
+        attend = BACKENDS[check_choice("backend", self.backend, BACKENDS)]
+        return attend(q, k, v, plan, self.encoding, dropout_p=dropout,
+                      compile=self.compile_flex), None
+
+    def _prepare(self, q, k, v, positions, key_padding_mask, document_ids, kv_cache):
+        # checks, q_norm / k_norm, rotation and the KV cache; the call as a plan
         if kv_cache is not None and not isinstance(kv_cache, KVCache):
             raise TypeError(f"kv_cache must be a KVCache or None, got {type(kv_cache).__name__}")
         b, _, s, _ = q.shape
@@ -391,27 +400,13 @@ class MultiHeadAttention(nn.Module):
         q, k = self.encoding.rotate(q, k, q_pos, q_pos)
         k_pos, k_doc = q_pos, q_doc
         if kv_cache is not None:
-            k, v, k_pos, k_doc = kv_cache.update(k, v, q_pos, q_doc, default=positions is None)
+            k, v, k_pos, k_doc = kv_cache._append(k, v, q_pos, q_doc, default=positions is None)
         plan = AttentionPlan(
             q_pos=q_pos, k_pos=k_pos, start=start, default_positions=default,
             causal=self.causal, key_padding_mask=pad, q_doc=q_doc, k_doc=k_doc,
             window=self.window, scale=self._plan_scale(),
         )
-        dropout = self.dropout if self.training else 0.0
-        backend = "naive" if return_weights else self.backend
-        if backend == "naive":
-            return backends.naive(q, k, v, plan, self.encoding, dropout_p=dropout)
-        if backend == "auto":
-            row = backends.auto_key_row(q, k, plan, self.encoding, dropout_p=dropout)
-            if row is not None:
-                return backends.key_row(q, k, v, plan, row), None
-        elif backend == "flex":
-            reason = backends.flex_blocker(q, k, v, plan, self.encoding, dropout_p=dropout)
-            if not reason:
-                return backends.flex(q, k, v, plan, self.encoding,
-                                     compile=self.compile_flex), None
-            _warn_once(reason)
-        return backends.sdpa(q, k, v, plan, self.encoding, dropout_p=dropout), None
+        return q, k, v, plan
 
     def _plan_scale(self) -> float | None:
         # None: the default 1/sqrt(head_dim), computed by each backend as it always was

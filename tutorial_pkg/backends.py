@@ -1,106 +1,68 @@
-"""Attention backends: one plan, four ways to compute it. Chapters 4 and 5.
+"""Attention backends: one registry, one signature. Chapters 4 and 5.
 
-:class:`~tutorial_pkg.attention.MultiHeadAttention` describes a call once, as an
-:class:`AttentionPlan` (query and key positions, where the queries sit in the KV cache,
-causal or not, key padding, document ids), and each backend turns the plan into its
-own kernel call. They all agree with ``"naive"`` to tolerance, tested for every encoding.
+:data:`BACKENDS` maps a name to a function with the signature of Hugging Face's
+``ALL_ATTENTION_FUNCTIONS``::
 
-* ``"naive"``: matmul, softmax, matmul, in float32 (float64 for float64 inputs).
-  The textbook form and the test oracle; it materialises the ``(b, H, L_q, L_k)``
-  scores.
-* ``"sdpa"``: :func:`torch.nn.functional.scaled_dot_product_attention`. Without a
-  bias and without a mask it uses ``is_causal=True`` (nothing ``L x L`` is built).
-  With ALiBi/hybrid it passes a 4-D bias ``(1 or b, H, L_q, L_k)`` (a 3-D float mask
-  makes CPU SDPA fall back silently to its slow math path, chapter 5). For the
-  default positions the table is cached per encoding (:func:`cached_bias`).
-  The bias stays float32 where the kernel takes a float32 mask with 16-bit q (CPU,
-  checked); elsewhere each row is first shifted so that its largest allowed value is
-  0 (softmax is shift invariant), so rounding to q's dtype keeps the keys that carry
-  weight exact: the key-only form ``m j`` would lose ``m`` at large ``j`` otherwise.
-* ``"flex"``: FlexAttention with the encoding's ``score_mod`` and a block mask
-  (causal, padding and documents in its ``mask_mod``), so no bias is materialised.
-  For a whole causal sequence without padding it is compiled with dynamic shapes:
-  one compilation per ``score_mod`` serves every length; other calls compile once
-  per shape. On CPU, calls shorter than one tile (128 queries or keys) run
-  FlexAttention *eagerly*: torch 2.13's compiled CPU kernel is wrong there on AVX2
-  CPUs (measured at 8 tokens: errors of 1.9-3.9 with dynamic shapes, NaN with
-  static ones; right at 2-7, 9-100 and from 128 on; AVX-512 CPUs are right), and
-  eagerly the scores of one tile are small. Falls back to ``"sdpa"``, with a
-  warning saying why, where this torch cannot run it: FlexAttention missing,
-  inputs that require grad on CPU (no CPU backward in torch 2.13; decided by
-  ``requires_grad``, which is what torch checks, not by grad mode), dropout, or
-  single-token decoding steps.
-* ``"auto"``: the fastest exact path for the call at hand, without compiling
-  anything. Encodings without a key row take ``"sdpa"``. ALiBi and the hybrid
-  (causal or key-only form) add their :meth:`~tutorial_pkg.encodings.PositionEncoding.key_bias`
-  row ``m_h j`` of shape ``(1 or b, H, 1, L_k)``, float32, to SDPA's fused causal
-  kernel: softmax is shift invariant along a query's row and
-  ``-m (i - j) = m j - m i``, so the weights are exactly those of the full causal
-  bias while nothing ``L x L`` is built. PyTorch's documentation says passing both
-  ``attn_mask`` and ``is_causal=True`` is an error (its math path refuses it); the
-  fused kernels accept the pair, so the path is checked once per
-  (device type, dtype, GQA) against a float64 reference, forward and backward,
-  before it is used (:func:`key_row_supported`); where the check fails, and for the
-  symmetric form, documents, chunked prefill with a KV cache, dropout or a learnable
-  bias under autograd, ``"auto"`` uses ``"sdpa"``.
+    fn(q, k, v, plan, encoding, *, dropout_p=0.0, compile=True) -> out
 
-Causality is by order in the sequence (the query at cache slot ``t`` sees slots
-``<= t``), as in Hugging Face models, not by position value; positions only feed the
-encoding. A query whose keys are all masked returns zeros, never NaN.
+``q`` is ``[b, H, s, d]``, ``k`` and ``v`` ``[b, H_kv, L_k, d]`` (grouped-query when
+``H_kv < H``), all on one device; ``plan`` an :class:`~tutorial_pkg.masks.AttentionPlan`
+(positions, cache offset, masks, scale); ``encoding`` a
+:class:`~tutorial_pkg.encodings.PositionEncoding`, whose bias hooks the backend calls.
+``out`` is ``[b, H, s, d]`` in q's dtype. Every backend computes
+``softmax(c q k^T + bias)`` (the bias after the scale ``c``, as in Hugging Face's layers),
+takes its mask from the plan's rules (:mod:`tutorial_pkg.masks`), returns zeros for a
+query with no key (never NaN), handles its own fallback, and agrees with ``"naive"`` to
+tolerance (tested for every encoding). ``compile`` matters to ``"flex"`` only.
 
-**Sliding windows** (Mistral, Gemma's local layers) are a property of the plan,
-``window = w``: causally, the query at cache slot ``i`` sees the key slots ``j`` with
-``i - w < j <= i``, that is ``w`` keys including itself. This is Hugging Face's
-convention (``sliding_window_overlay`` of ``transformers.masking_utils``:
-``kv_idx > q_idx - sliding_window``). Without causality the query sees
-``|i - j| < w``. Windows count cache slots, like causality, so a left-padded row or a
-packed document sees the same keys as the row alone. Every backend applies it:
-``"naive"`` and ``"sdpa"`` in their mask, ``"flex"`` in its block mask (blocks outside
-the window are skipped, not computed), ``"auto"`` through ``"sdpa"`` (the fused causal
-kernel has no window). The KV cache keeps every key (no rolling buffer): the window
-saves compute on ``"flex"``, not cache memory.
+* ``"naive"``: matmul, softmax, matmul, in float32 (float64 for float64 inputs); the
+  textbook form and the test oracle, the only one that returns weights (``need_weights``).
+* ``"sdpa"``: :func:`torch.nn.functional.scaled_dot_product_attention`; ``is_causal=True``
+  where there is neither bias nor mask, else a 4-D mask ``(1 or b, H, s, L_k)`` (the
+  bias cached per encoding: :func:`cached_bias`).
+* ``"flex"``: FlexAttention, the encoding's ``score_mod`` and the plan's block mask
+  (:func:`flex_block_mask`); nothing ``L x L`` is built. Where it cannot run
+  (:func:`flex_blocker` says why) it warns (``RuntimeWarning``, "flex backend falls back
+  to sdpa: ...") and computes ``"sdpa"``.
+* ``"auto"``: the default. Where the encoding has a key-only form
+  (:meth:`~tutorial_pkg.encodings.PositionEncoding.key_bias`, causal ALiBi and the hybrid)
+  and :func:`key_row_supported` has proven the kernel right, SDPA's fused causal kernel with
+  that float32 row ``(1 or b, H, 1, L_k)`` (:func:`auto_key_row`, :func:`key_row`); else
+  ``"sdpa"``.
 
-**Scale.** Every backend computes ``softmax(c q k^T + bias)``, the bias (ALiBi's,
-T5's) added after the scale as in Hugging Face's layers. ``c`` is the plan's ``scale``;
-None means ``1 / sqrt(head_dim)`` (the original Transformer's), computed as before:
-``"naive"`` divides by ``sqrt(head_dim)``, the kernels use their own default. A scale
-(Gemma's ``query_pre_attn_scalar ** -0.5``, DeepSeek's ``mscale ** 2 / sqrt(d)``) is
-``"naive"``'s factor and the ``scale=`` argument of SDPA (``"sdpa"`` and ``"auto"``'s
-key-row path) and of FlexAttention, so a KV cache, which goes through the same
-backends, uses it too. The key-row check of ``"auto"`` runs at the default scale: the
-scale multiplies ``q k^T`` before the mask is added, in every kernel, so it does not
-change what is checked (the row is added, in float32, with ``is_causal``).
+Caches are bounded: per encoding (held weakly) at most :data:`MAX_CACHED_TABLES` bias
+tables and rows, keyed by device, dtype and
+:meth:`~tutorial_pkg.encodings.PositionEncoding.cache_key`; at most
+:data:`MAX_BLOCK_MASKS` block masks. Under a ``FakeTensorMode`` nothing is cached or
+served. :func:`clear_caches` empties them; :func:`cache_info` counts them.
 
-Caches are bounded: per encoding (held weakly, so they go with it) at most
-:data:`MAX_CACHED_TABLES` bias tables and rows, keyed by device, dtype and the
-encoding's tensors (a ``.to()`` or an in-place change of the slopes makes a new
-entry); at most :data:`MAX_BLOCK_MASKS` block masks. Under a ``FakeTensorMode``
-(tensors without data, as in the device rehearsal) nothing is cached or served.
+Devices: what a backend builds for a call (tables, rows, block masks) is built on q's
+device from the encoding's constants. Learned tensors are never copied: elsewhere than q
+they raise ``ValueError`` naming both devices (for ``"flex"``, any tensor of the
+encoding). The one read back to the host is the key-row probe, once per
+(device type, dtype, GQA).
 
-**Devices.** Everything a backend builds for a call is built on the device of ``q``:
-bias tables, key rows and block masks, from the encoding's constants moved there
-(:func:`cached_bias` and :func:`cached_key_row` take the device as an argument, so
-an encoding left on the CPU still gets a GPU table built on the GPU). An encoding's
-learned tensors are never copied: on another device they raise ``ValueError``
-naming both devices, as do, for ``"flex"``, any of its tensors (a ``score_mod``
-captures them as they are). Nothing is read back to the host on these paths, with one
-documented exception: :func:`key_row_supported` runs its probe once per device
-type, dtype and GQA setting.
+What the backends assume of a device type's kernels is a :class:`KernelRules` in
+:data:`KERNEL_RULES`; :func:`assume_kernels` changes it within a ``with`` block, so that
+tests run the GPU's rules on a CPU.
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
 import warnings
 import weakref
 from collections import OrderedDict
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from ._checks import check_device, fake_mode_active
 from .encodings import PositionEncoding, check_learned_device
+from .masks import AttentionPlan, causal_mask, dense_mask, offset_queries
 
 try:  # FlexAttention: torch >= 2.5
     from torch.nn.attention.flex_attention import create_block_mask, flex_attention
@@ -116,125 +78,86 @@ __all__ = [
     "MAX_BLOCK_MASKS",
     "FLEX_TILE",
     "AttentionPlan",
+    "KernelRules",
+    "KERNEL_RULES",
+    "kernel_rules",
+    "assume_kernels",
     "flex_available",
     "cached_bias",
     "cached_key_row",
     "cached_tensors",
+    "cache_info",
     "clear_caches",
     "key_row_supported",
+    "probe_key_row",
     "naive",
     "sdpa",
+    "auto",
     "auto_key_row",
     "key_row",
     "flex_blocker",
+    "flex_block_mask",
+    "flex_kernel",
     "flex",
 ]
 
-#: Attention backends, see the module docs.
-BACKENDS = ("naive", "sdpa", "flex", "auto")
 #: Bias tables and key rows kept per encoding (least recently used dropped first).
 MAX_CACHED_TABLES = 4
 #: FlexAttention block masks kept (least recently used dropped first).
 MAX_BLOCK_MASKS = 32
-#: FlexAttention's tile (block) size; below it, CPU calls run eagerly (module docs).
+#: FlexAttention's tile (block) size; below it, CPU calls run eagerly (see :func:`flex`).
 FLEX_TILE = 128
 
 
-# --------------------------------------------------------------------------- the plan
+# --------------------------------------------------------------------------- kernel rules
 @dataclass(frozen=True)
-class AttentionPlan:
-    """Everything a backend needs to know about one attention call, but q, k and v.
+class KernelRules:
+    """What the backends assume of the kernels of one device type.
 
     Attributes:
-        q_pos: int64 ``[1 or b, s]`` positions of the queries.
-        k_pos: int64 ``[1 or b, L_k]`` positions of the keys (cached ones first).
-        start: cache slot of query 0 (the number of keys that came from the cache).
-        default_positions: ``q_pos == start + arange(s)`` and ``k_pos == arange(L_k)``,
-            known without looking: cached tables and Flex's ``q_offset`` apply.
-        causal: query at slot ``start + i`` sees key slots ``<= start + i``.
-        key_padding_mask: bool ``[b, L_k]``, ``True`` = padding, or None.
-        q_doc: ``[1 or b, s]`` document ids of the queries, or None.
-        k_doc: ``[1 or b, L_k]`` document ids of the keys, or None.
-        window: sliding window ``w`` (module docs): the query at slot ``i`` sees key
-            slots ``i - w < j <= i`` (``|i - j| < w`` when not causal); None = no window.
-        scale: the softmax scale ``c`` in ``softmax(c q k^T + bias)``; None = the
-            default ``1 / sqrt(head_dim)`` (module docs, "Scale").
+        float32_mask: SDPA takes a float32 mask with 16-bit q and adds it in float32
+            (CPU). Where False (CUDA) the mask must have q's dtype, and a 16-bit bias is
+            shifted per row before rounding (softmax is shift invariant).
+        key_row: the answer of :func:`key_row_supported` for every dtype; None = probe.
+        flex: FlexAttention runs on this device type.
+        flex_backward: FlexAttention has a backward there (not on CPU in torch 2.13).
     """
 
-    q_pos: torch.Tensor
-    k_pos: torch.Tensor
-    start: int
-    default_positions: bool
-    causal: bool
-    key_padding_mask: torch.Tensor | None = None
-    q_doc: torch.Tensor | None = None
-    k_doc: torch.Tensor | None = None
-    window: int | None = None
-    scale: float | None = None
+    float32_mask: bool = False
+    key_row: bool | None = None
+    flex: bool = False
+    flex_backward: bool = False
 
-    @property
-    def s(self) -> int:
-        return self.q_pos.shape[-1]
 
-    @property
-    def k_len(self) -> int:
-        return self.k_pos.shape[-1]
+#: The rules per device type (others: ``KernelRules()``, nothing assumed). torch 2.13's
+#: FlexAttention devices (its ``_validate_device``); SDPA's float32 masks on CPU.
+KERNEL_RULES: dict[str, KernelRules] = {
+    "cpu": KernelRules(float32_mask=True, flex=True),
+    "mps": KernelRules(flex=True),
+    **{t: KernelRules(flex=True, flex_backward=True) for t in ("cuda", "xpu", "hpu")},
+}
 
-    @property
-    def whole_sequence(self) -> bool:
-        """Queries and keys are the same tokens (no cached keys before them)."""
-        return self.start == 0 and self.s == self.k_len
 
-    @property
-    def has_documents(self) -> bool:
-        return self.q_doc is not None
+def kernel_rules(device_type: str) -> KernelRules:
+    """The :class:`KernelRules` the backends follow on ``device_type`` (e.g. ``"cuda"``)."""
+    return KERNEL_RULES.get(device_type) or KernelRules()
 
-    @property
-    def windowed(self) -> bool:
-        """The window hides some key of some query (a window this long hides none)."""
-        if self.window is None:
-            return False
-        if self.causal:  # the longest look-back is the last query's: start + s - 1
-            return self.start + self.s > self.window
-        return max(self.start + self.s, self.k_len) > self.window
 
-    def allowed(self, *, padding: bool = True) -> torch.Tensor | None:
-        """Bool ``[1 or b, 1, s, L_k]`` of allowed (query, key) pairs; None if all are."""
-        device = self.q_pos.device
-        allowed = None
-        q_slot = torch.arange(self.start, self.start + self.s, device=device)[:, None]
-        k_slot = torch.arange(self.k_len, device=device)[None, :]
-        if self.causal:
-            allowed = (k_slot <= q_slot)[None, None]
-        if self.windowed:
-            near = (k_slot > q_slot - self.window) & (k_slot < q_slot + self.window)
-            allowed = near[None, None] if allowed is None else allowed & near
-        if self.q_doc is not None:
-            same = (self.q_doc[:, :, None] == self.k_doc[:, None, :])[:, None]
-            allowed = same if allowed is None else allowed & same
-        if padding and self.key_padding_mask is not None:
-            keep = ~self.key_padding_mask[:, None, None, :]
-            allowed = keep if allowed is None else allowed & keep
-        return allowed
-
-    def has_key(self) -> torch.Tensor | None:
-        """Bool ``[b, 1, s, 1]``: whether each query has a key left; None if all have.
-
-        Only padding can take every key from a query: causally a query sees itself,
-        it is in its own document and in its own window.
-        """
-        if self.key_padding_mask is None:
-            return None
-        if self.has_documents or (self.windowed and not self.causal):
-            return self.allowed().any(dim=-1, keepdim=True)
-        keep = ~self.key_padding_mask  # [b, L_k]: from the padding alone, nothing L x L
-        if not self.causal:
-            return keep.any(dim=-1)[:, None, None, None]
-        counts = F.pad(keep.long().cumsum(-1), (1, 0))  # counts[:, t] = kept keys < slot t
-        last = torch.arange(self.start + 1, self.start + self.s + 1, device=keep.device)
-        first = (last - self.window).clamp_min(0) if self.windowed else torch.zeros_like(last)
-        seen = (counts[:, last] - counts[:, first]) > 0  # kept keys in the query's window
-        return seen[:, None, :, None]
+@contextlib.contextmanager
+def assume_kernels(device_type: str, **rules):
+    """Within the ``with`` block, follow ``rules`` (fields of :class:`KernelRules`) on
+    ``device_type``: e.g. the GPU's ``float32_mask=False, key_row=False`` on ``"cpu"``.
+    Unknown fields raise ``TypeError``."""
+    missing = object()
+    before = KERNEL_RULES.get(device_type, missing)
+    KERNEL_RULES[device_type] = replace(kernel_rules(device_type), **rules)
+    try:
+        yield KERNEL_RULES[device_type]
+    finally:
+        if before is missing:
+            KERNEL_RULES.pop(device_type, None)
+        else:
+            KERNEL_RULES[device_type] = before
 
 
 def _zero_empty_rows(out: torch.Tensor, has_key: torch.Tensor | None) -> torch.Tensor:
@@ -244,13 +167,9 @@ def _zero_empty_rows(out: torch.Tensor, has_key: torch.Tensor | None) -> torch.T
     return torch.where(has_key, out, torch.zeros((), dtype=out.dtype, device=out.device))
 
 
-def _gqa_kwargs(q: torch.Tensor, k: torch.Tensor) -> dict:
-    return {"enable_gqa": True} if q.shape[1] != k.shape[1] else {}
-
-
 def _kernel_kwargs(q: torch.Tensor, k: torch.Tensor, plan: AttentionPlan) -> dict:
     # GQA, and the plan's scale where it is not the kernels' default 1 / sqrt(head_dim)
-    kw = _gqa_kwargs(q, k)
+    kw = {"enable_gqa": True} if q.shape[1] != k.shape[1] else {}
     if plan.scale is not None:
         kw["scale"] = plan.scale
     return kw
@@ -259,6 +178,8 @@ def _kernel_kwargs(q: torch.Tensor, k: torch.Tensor, plan: AttentionPlan) -> dic
 # --------------------------------------------------------------------------- caches
 _tables: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 _block_masks: OrderedDict = OrderedDict()
+_key_row_ok: dict = {}
+_compiled_flex: dict = {}  # dynamic (bool) -> compiled flex_attention
 
 
 def _overrides(encoding: PositionEncoding, hook: str) -> bool:
@@ -266,7 +187,7 @@ def _overrides(encoding: PositionEncoding, hook: str) -> bool:
 
 
 def _lookup(encoding: PositionEncoding, key: tuple, size: int, build):
-    if fake_mode_active():  # tensors without data: neither stored nor served (module docs)
+    if fake_mode_active():  # tensors without data: neither stored nor served
         return build()
     entries = _tables.setdefault(encoding, OrderedDict())
     key = (*key, encoding.cache_key())
@@ -305,9 +226,8 @@ def cached_bias(
     learnable bias (``static_bias = False``) is rebuilt on every call. ``None`` if the
     encoding has no bias.
 
-    The table is built on ``device``, from the encoding's constants (ALiBi's slopes)
-    moved there, wherever the encoding lives; an encoding whose learned parameters
-    live on another device raises ``ValueError`` naming both (move it first).
+    Built on ``device`` from the encoding's constants (ALiBi's slopes); learned
+    parameters on another device raise ``ValueError`` naming both (move them first).
     """
     device = torch.device(device)
     check_learned_device(encoding, device)
@@ -333,7 +253,7 @@ def _masked_bias(encoding, q_pos, k_pos, causal, dtype):
             return None
         bias = _as_4d(bias).expand(-1, -1, q_pos.numel(), -1)
         if causal:
-            future = k_pos[None, :] > q_pos[:, None]
+            future = ~causal_mask(None, None, q_pos[:, None], k_pos[None, :])
             bias = bias.masked_fill(future, float("-inf"))
     return _to_mask_dtype(bias, dtype)
 
@@ -386,8 +306,20 @@ def cached_tensors(encoding: PositionEncoding) -> list[torch.Tensor]:
     return list(_tables.get(encoding, {}).values())
 
 
+def cache_info() -> dict:
+    """What this module holds: ``tables`` (bias tables and key rows, all encodings),
+    ``block_masks``, ``key_row_probes`` (``{(device type, dtype, gqa): bool}``, the
+    probes' answers) and ``compiled_flex`` (the ``dynamic`` flags compiled so far)."""
+    return {"tables": sum(len(t) for t in _tables.values()),
+            "block_masks": len(_block_masks),
+            "key_row_probes": dict(_key_row_ok),
+            "compiled_flex": tuple(sorted(_compiled_flex))}
+
+
 def clear_caches(encoding: PositionEncoding | None = None) -> None:
-    """Drop the cached tables of one encoding, or every cache of this module."""
+    """Drop the cached tables of one encoding, or every table and block mask.
+
+    Probe answers and compiled FlexAttention functions are kept (both are per process)."""
     if encoding is None:
         _tables.clear()
         _block_masks.clear()
@@ -409,8 +341,10 @@ def _plan_bias(encoding: PositionEncoding, plan: AttentionPlan) -> torch.Tensor 
 
 
 # --------------------------------------------------------------------------- naive
-def naive(q, k, v, plan: AttentionPlan, encoding: PositionEncoding, *, dropout_p: float = 0.0):
-    """Scores, softmax, weighted sum, in at least float32. Returns ``(out, weights)``."""
+def naive(q, k, v, plan: AttentionPlan, encoding: PositionEncoding, *, dropout_p: float = 0.0,
+          compile: bool = True, need_weights: bool = False):
+    """Scores, softmax, weighted sum, in at least float32; ``(out, weights)`` if
+    ``need_weights`` (the weights ``[b, H, s, L_k]`` after dropout)."""
     rep = q.shape[1] // k.shape[1]
     if rep > 1:
         k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
@@ -429,21 +363,19 @@ def naive(q, k, v, plan: AttentionPlan, encoding: PositionEncoding, *, dropout_p
     weights = _zero_empty_rows(scores.softmax(dim=-1), plan.has_key())
     if dropout_p:
         weights = F.dropout(weights, dropout_p)
-    return (weights @ v.to(dt)).to(q.dtype), weights
+    out = (weights @ v.to(dt)).to(q.dtype)
+    return (out, weights) if need_weights else out
 
 
 # --------------------------------------------------------------------------- sdpa
-#: Device types whose SDPA takes a float32 mask with 16-bit q, and uses it in float32.
-_FLOAT32_MASK_DEVICES = {"cpu"}
-
-
 def _mask_dtype(q: torch.Tensor) -> torch.dtype:
-    if q.dtype in (torch.float32, torch.float64) or q.device.type not in _FLOAT32_MASK_DEVICES:
+    if q.dtype in (torch.float32, torch.float64) or not kernel_rules(q.device.type).float32_mask:
         return q.dtype
     return torch.float32
 
 
-def sdpa(q, k, v, plan: AttentionPlan, encoding: PositionEncoding, *, dropout_p: float = 0.0):
+def sdpa(q, k, v, plan: AttentionPlan, encoding: PositionEncoding, *, dropout_p: float = 0.0,
+         compile: bool = True):
     """``scaled_dot_product_attention`` with the plan as a 4-D mask (or ``is_causal``)."""
     kw = _kernel_kwargs(q, k, plan)
     # -inf: a query always keeps one key (itself: causal, its document, its window)
@@ -490,38 +422,47 @@ def sdpa(q, k, v, plan: AttentionPlan, encoding: PositionEncoding, *, dropout_p:
 
 
 # --------------------------------------------------------------------------- auto
-_key_row_ok: dict = {}
-
-
 def key_row_supported(device: torch.device, dtype: torch.dtype, gqa: bool) -> bool:
     """Does SDPA add a float key row *and* apply ``is_causal`` here, exactly? (cached).
 
-    The ``"auto"`` path relies on it, although PyTorch's documentation calls
-    ``attn_mask`` with ``is_causal=True`` an error (its math path refuses it; the
-    fused kernels accept it). A kernel could also round the float32 row to the
-    dtype of q, which would destroy ``m j`` at large ``j``. So it is checked once
-    per (device type, dtype, GQA) on a tiny problem whose keys sit at positions
-    4096+ (a row rounded to bfloat16 fails there): forward and gradients against a
-    float64 reference.
-
-    The probe reads its errors back to the host: a synchronisation, once per key.
-    Where nothing can run (meta tensors, a ``FakeTensorMode``) nothing is proven: the
-    answer is False and is not cached, so a real device of that type probes later.
+    ``"auto"`` relies on it, although PyTorch's documentation calls ``attn_mask`` with
+    ``is_causal=True`` an error. :func:`probe_key_row` answers, once per (device type,
+    dtype, GQA); where nothing can run (meta, ``FakeTensorMode``, tracing) the answer is
+    False and is not kept. A :class:`KernelRules` ``key_row`` answers instead.
     """
-    key = (torch.device(device).type, dtype, gqa)
+    device = torch.device(device)
+    assumed = kernel_rules(device.type).key_row
+    if assumed is not None:
+        return assumed
+    key = (device.type, dtype, gqa)
     if key in _key_row_ok:
         return _key_row_ok[key]
     if torch.compiler.is_compiling():
         return False  # never probe while tracing; the next eager call will
-    ok = _probe_key_row(torch.device(device), dtype, gqa)
+    ok = probe_key_row(device, dtype, gqa)
     if ok is None:
         return False
     _key_row_ok[key] = ok
     return ok
 
 
-def _probe_key_row(device, dtype, gqa) -> bool | None:
-    """The check of :func:`key_row_supported`; None where tensors hold no data."""
+#: The fused SDPA kernels the key-row path may land on; each must be exact where it runs.
+_FUSED = (SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION,
+          SDPBackend.CUDNN_ATTENTION)
+
+
+def probe_key_row(device, dtype: torch.dtype, gqa: bool) -> bool | None:
+    """The check of :func:`key_row_supported`, run now (nothing cached).
+
+    A tiny problem whose keys sit at positions 4096+ (a row rounded to 16 bits fails
+    there): ``scaled_dot_product_attention(q, k, v, attn_mask=row, is_causal=True)``,
+    forward and gradients, against a float64 reference; once with the kernel PyTorch
+    selects and once restricted to each fused kernel (flash, memory-efficient, cuDNN)
+    that takes the call on this device. True if every one that runs is right and the
+    selected one runs. None where tensors hold no data (meta, ``FakeTensorMode``).
+    Reads its errors back to the host (a synchronisation).
+    """
+    device = torch.device(device)
     if device.type == "meta" or fake_mode_active():
         return None
     heads, kv_heads, length, dim, offset = 2, 1 if gqa else 2, 16, 8, 4096
@@ -542,27 +483,37 @@ def _probe_key_row(device, dtype, gqa) -> bool | None:
             rep = heads // kv_heads
             kk, vv = k_.repeat_interleave(rep, 1), v_.repeat_interleave(rep, 1)
             scores = q_ @ kk.transpose(-2, -1) / math.sqrt(dim) + mask
-            future = torch.ones(length, length, dtype=torch.bool, device=q_.device).triu(1)
+            future = ~dense_mask(causal_mask, 0, length, length, device=q_.device)
             out = scores.masked_fill(future, float("-inf")).softmax(-1) @ vv
         grads = torch.autograd.grad(out, (q_, k_, v_), grad_out.to(out))
         return [out, *grads]
 
-    try:
-        with torch.enable_grad():
-            got = run([t.to(device, dtype) for t in (q, k, v)],
-                      row.to(device, row_dtype), fused=True)
-            want = run([t.to(device, dtype).double() for t in (q, k, v)],
-                       row.to(device), fused=False)
-    except RuntimeError:  # e.g. "attn_mask should not be set when is_causal=True"
-        return False
     # float32 rounds m j ~ 2048 to ~1e-4; a row rounded to 16 bits is off by ~1 or more.
-    # float() reads each error back: the probe's one synchronisation (once per key)
     tol = 1e-3 if dtype in (torch.float32, torch.float64) else 5e-2
-    return all(
-        float((g.detach().double() - w.detach()).abs().max())
-        <= tol * max(1.0, float(w.detach().abs().max()))
-        for g, w in zip(got, want, strict=True)
-    )
+
+    def exact(got, want) -> bool:  # float() reads each error back: the synchronisation
+        return all(float((g.detach().double() - w.detach()).abs().max())
+                   <= tol * max(1.0, float(w.detach().abs().max()))
+                   for g, w in zip(got, want, strict=True))
+
+    inputs = [t.to(device, dtype) for t in (q, k, v)]
+    with torch.enable_grad():
+        want = run([t.double() for t in inputs], row.to(device), fused=False)
+        try:  # the kernel PyTorch selects: it must take the pair ...
+            if not exact(run(inputs, row.to(device, row_dtype), fused=True), want):
+                return False
+        except RuntimeError:  # e.g. "attn_mask should not be set when is_causal=True"
+            return False
+        for kernel in _FUSED:  # ... and so must every fused kernel it may select
+            try:
+                with sdpa_kernel([kernel]), warnings.catch_warnings():
+                    warnings.simplefilter("ignore")  # a refusing kernel warns why
+                    got = run(inputs, row.to(device, row_dtype), fused=True)
+            except (RuntimeError, ValueError):  # it does not take the call: never selected
+                continue
+            if not exact(got, want):
+                return False
+    return True
 
 
 def auto_key_row(q, k, plan: AttentionPlan, encoding: PositionEncoding, *, dropout_p: float):
@@ -600,21 +551,22 @@ def key_row(q, k, v, plan: AttentionPlan, row: torch.Tensor):
     return _zero_empty_rows(out, plan.has_key())
 
 
+def auto(q, k, v, plan: AttentionPlan, encoding: PositionEncoding, *, dropout_p: float = 0.0,
+         compile: bool = True):
+    """The key row with the fused causal kernel where :func:`auto_key_row` gives one, else
+    :func:`sdpa`."""
+    row = auto_key_row(q, k, plan, encoding, dropout_p=dropout_p)
+    if row is None:
+        return sdpa(q, k, v, plan, encoding, dropout_p=dropout_p)
+    return key_row(q, k, v, plan, row)
+
+
 # --------------------------------------------------------------------------- flex
-_compiled_flex: dict = {}  # dynamic (bool) -> compiled flex_attention
-
-
 def flex_available() -> tuple[bool, str]:
     """Whether FlexAttention can be imported here, and why not if it cannot."""
     if flex_attention is None:
         return False, f"torch.nn.attention.flex_attention is unavailable ({_FLEX_IMPORT_ERROR})"
     return True, ""
-
-
-#: Device types FlexAttention runs on (torch 2.13's ``_validate_device``), and those of
-#: them without a backward.
-_FLEX_DEVICES = {"cuda", "cpu", "xpu", "hpu", "mps"}
-_FLEX_NO_BACKWARD = {"cpu", "mps"}
 
 
 def flex_blocker(q, k, v, plan: AttentionPlan, encoding: PositionEncoding, *,
@@ -623,7 +575,8 @@ def flex_blocker(q, k, v, plan: AttentionPlan, encoding: PositionEncoding, *,
     ok, why = flex_available()
     if not ok:
         return why
-    if q.device.type not in _FLEX_DEVICES:
+    rules = kernel_rules(q.device.type)
+    if not rules.flex:
         return f"FlexAttention does not run on {q.device.type} tensors"
     if plan.s == 1:
         return "single-token decoding step (the cached bias row is cheaper)"
@@ -631,7 +584,7 @@ def flex_blocker(q, k, v, plan: AttentionPlan, encoding: PositionEncoding, *,
         return f"{type(encoding).__name__} has a bias hook but no score_mod"
     if dropout_p:
         return "attention dropout is not supported by FlexAttention"
-    if q.device.type in _FLEX_NO_BACKWARD:
+    if not rules.flex_backward:
         # torch refuses inputs that require grad there, whatever the grad mode
         learnable = torch.is_grad_enabled() and any(
             p.requires_grad for p in encoding.parameters()
@@ -642,15 +595,13 @@ def flex_blocker(q, k, v, plan: AttentionPlan, encoding: PositionEncoding, *,
     return ""
 
 
-def _flex_fn(compiled: bool, dynamic: bool = False):
-    """``flex_attention``, eager or compiled (once per process and ``dynamic``).
+def flex_kernel(compiled: bool, dynamic: bool = False):
+    """The FlexAttention function :func:`flex` calls: ``flex_attention`` itself, or
+    compiled (once per process and ``dynamic``).
 
-    ``dynamic=True`` serves the common call (a whole causal sequence, no padding):
-    with static shapes every new length recompiles (~10 s each on a 2-core CPU)
-    and after 8 lengths dynamo gives up and runs FlexAttention eagerly,
-    materialising the scores. Other calls compile statically, once per shape: in
-    torch 2.13 inductor's CPU FlexAttention template fails to build some of them
-    with dynamic shapes (undeclared ``cur_qSplitSize`` in the generated C++).
+    ``dynamic=True`` serves the common call (a whole causal sequence, no padding): one
+    compilation for every length. Other calls compile statically, once per shape (with
+    dynamic shapes torch 2.13's CPU template fails to build some of them).
     """
     if not compiled:
         return flex_attention
@@ -658,51 +609,6 @@ def _flex_fn(compiled: bool, dynamic: bool = False):
     if fn is None:
         fn = _compiled_flex[dynamic] = torch.compile(flex_attention, dynamic=dynamic)
     return fn
-
-
-def _causal_mask_mod(b, h, q_idx, kv_idx):
-    # A plain function, not a closure over `start`: under dynamic shapes an int
-    # captured by a mask_mod becomes symbolic, which the CPU template cannot build.
-    return kv_idx <= q_idx
-
-
-def _offset_causal_mask_mod(start: int):
-    def mask_mod(b, h, q_idx, kv_idx):
-        return kv_idx <= q_idx + start
-
-    return mask_mod
-
-
-def _window_mask_mod(start: int, window: int, causal: bool):
-    def mask_mod(b, h, q_idx, kv_idx):
-        keep = (kv_idx > q_idx + start - window) & (kv_idx < q_idx + start + window)
-        return keep & (kv_idx <= q_idx + start) if causal else keep
-
-    return mask_mod
-
-
-def _plan_mask_mod(plan: AttentionPlan, batch: int):
-    start, causal = plan.start, plan.causal
-    window = plan.window if plan.windowed else None
-    pad = plan.key_padding_mask
-    q_doc = k_doc = None
-    if plan.has_documents:
-        q_doc = plan.q_doc.expand(batch, -1).contiguous()
-        k_doc = plan.k_doc.expand(batch, -1).contiguous()
-
-    def mask_mod(b, h, q_idx, kv_idx):
-        keep = kv_idx >= 0
-        if causal:
-            keep = keep & (kv_idx <= q_idx + start)
-        if window is not None:
-            keep = keep & (kv_idx > q_idx + start - window) & (kv_idx < q_idx + start + window)
-        if pad is not None:
-            keep = keep & ~pad[b, kv_idx]
-        if q_doc is not None:
-            keep = keep & (q_doc[b, q_idx] == k_doc[b, kv_idx])
-        return keep
-
-    return mask_mod
 
 
 def _mark_block_mask_dynamic(block_mask) -> None:
@@ -714,24 +620,26 @@ def _mark_block_mask_dynamic(block_mask) -> None:
                 torch._dynamo.maybe_mark_dynamic(t, dim)
 
 
-def _block_mask(plan: AttentionPlan, batch: int, device, mark_dynamic: bool):
-    if plan.key_padding_mask is not None or plan.has_documents:  # data-dependent: per call
-        return create_block_mask(_plan_mask_mod(plan, batch), batch, None, plan.s, plan.k_len,
-                                 device=device)
-    window = plan.window if plan.windowed else None
-    if not plan.causal and window is None:
+def flex_block_mask(plan: AttentionPlan, *, batch: int = 1, device="cpu",
+                    mark_dynamic: bool = False):
+    """The plan's mask rules as a FlexAttention block mask (None: nothing is masked).
+
+    Tiles that no rule allows are skipped, not computed. Masks of padding or documents
+    (data) are built per call; the others are cached (:data:`MAX_BLOCK_MASKS`).
+    ``mark_dynamic`` marks the mask's block axes dynamic for a dynamic-shape compile.
+    """
+    rule = plan.mask_rule(batch=batch)
+    if rule is None:
         return None
+    mask_mod = offset_queries(rule, plan.start)  # Flex counts queries from 0
+    if plan.key_padding_mask is not None or plan.has_documents:  # data-dependent: per call
+        return create_block_mask(mask_mod, batch, None, plan.s, plan.k_len, device=device)
+    window = plan.window if plan.windowed else None
     key = (plan.s, plan.k_len, plan.start, plan.causal, window, torch.device(device),
            mark_dynamic)
-    fake = fake_mode_active()  # fake masks are neither stored nor served (module docs)
+    fake = fake_mode_active()  # fake masks are neither stored nor served
     block_mask = None if fake else _block_masks.get(key)
     if block_mask is None:
-        if window is not None:  # captures ints: compiled with static shapes (see flex)
-            mask_mod = _window_mask_mod(plan.start, window, plan.causal)
-        elif plan.start == 0:
-            mask_mod = _causal_mask_mod
-        else:
-            mask_mod = _offset_causal_mask_mod(plan.start)
         block_mask = create_block_mask(mask_mod, None, None, plan.s, plan.k_len, device=device)
         if mark_dynamic:
             _mark_block_mask_dynamic(block_mask)
@@ -744,13 +652,23 @@ def _block_mask(plan: AttentionPlan, batch: int, device, mark_dynamic: bool):
     return block_mask
 
 
-def flex(q, k, v, plan: AttentionPlan, encoding: PositionEncoding, *, compile: bool = True):
+def flex(q, k, v, plan: AttentionPlan, encoding: PositionEncoding, *, dropout_p: float = 0.0,
+         compile: bool = True):
     """FlexAttention: the encoding's ``score_mod`` and the plan's block mask.
 
-    A ``score_mod`` captures the encoding's tensors as they are, so with one every
-    tensor of the encoding must live on ``q``'s device (``ValueError`` naming both
-    devices otherwise).
+    Falls back to :func:`sdpa`, with a ``RuntimeWarning`` saying why, where
+    :func:`flex_blocker` names a reason (no FlexAttention, inputs that require grad on
+    CPU, dropout, a single-token step, a bias without ``score_mod``). A ``score_mod``
+    captures the encoding's tensors as they are, so every tensor of the encoding must
+    live on q's device (``ValueError`` naming both devices otherwise). On CPU, calls
+    shorter than :data:`FLEX_TILE` run eagerly (torch 2.13's compiled CPU kernel is
+    wrong there on AVX2 CPUs); ``compile=False`` runs every call eagerly.
     """
+    reason = flex_blocker(q, k, v, plan, encoding, dropout_p=dropout_p)
+    if reason:
+        warnings.warn(f"flex backend falls back to sdpa: {reason}", RuntimeWarning,
+                      stacklevel=3)
+        return sdpa(q, k, v, plan, encoding, dropout_p=dropout_p)
     batch = q.shape[0]
     if plan.default_positions:
         score_mod = encoding.score_mod(q_offset=plan.start)
@@ -769,12 +687,16 @@ def flex(q, k, v, plan: AttentionPlan, encoding: PositionEncoding, *, compile: b
     plain = (plan.default_positions and plan.causal and plan.start == 0
              and plan.key_padding_mask is None and not plan.has_documents
              and not plan.windowed)
-    # below one tile the compiled CPU kernel is wrong on AVX2 (module docs): run eagerly
     eager = not compile or (q.device.type == "cpu" and min(plan.s, plan.k_len) < FLEX_TILE)
-    block_mask = _block_mask(plan, batch, q.device, mark_dynamic=plain and not eager)
+    block_mask = flex_block_mask(plan, batch=batch, device=q.device,
+                                 mark_dynamic=plain and not eager)
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="flex_attention called without torch.compile")
-        out = _flex_fn(not eager, plain)(
+        out = flex_kernel(not eager, plain)(
             q, k, v, score_mod=score_mod, block_mask=block_mask, **_kernel_kwargs(q, k, plan)
         )
     return _zero_empty_rows(out, plan.has_key())
+
+
+#: The attention backends by name, one signature (module docs); ``"auto"`` is the default.
+BACKENDS = {"naive": naive, "sdpa": sdpa, "flex": flex, "auto": auto}

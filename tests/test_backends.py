@@ -1,0 +1,136 @@
+"""Tests of tutorial_pkg.backends as a registry: one signature, each backend's own fallback,
+the kernel rules tests switch, the caches; and the KV cache's public contract."""
+
+from __future__ import annotations
+
+import inspect
+import warnings
+
+import pytest
+import torch
+
+import tutorial_pkg as tp
+from tutorial_pkg import backends
+from tutorial_pkg.attention import KVCache, MultiHeadAttention
+from tutorial_pkg.masks import AttentionPlan
+
+pytestmark = [pytest.mark.usefixtures("one_thread"),
+              pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")]
+
+H, D, S = 4, 8, 8
+
+
+def _call(b=2, s=S, pad=None, causal=True):
+    gen = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(b, H, s, D, generator=gen) for _ in range(3))
+    plan = AttentionPlan(q_pos=torch.arange(s)[None], k_pos=torch.arange(s)[None], start=0,
+                         default_positions=True, causal=causal, key_padding_mask=pad)
+    return q, k, v, plan
+
+
+def test_the_registry_holds_every_backend_with_one_signature():
+    assert list(tp.BACKENDS) == ["naive", "sdpa", "flex", "auto"]
+    assert "naive" in tp.BACKENDS and tp.BACKENDS is backends.BACKENDS
+    want = ["q", "k", "v", "plan", "encoding", "dropout_p", "compile"]
+    for name, fn in backends.BACKENDS.items():
+        params = inspect.signature(fn).parameters
+        assert list(params)[:7] == want, name
+        assert params["dropout_p"].default == 0.0 and params["compile"].default is True
+
+
+@pytest.mark.parametrize("name", ["sdpa", "flex", "auto"])
+def test_every_backend_called_directly_equals_naive_with_empty_rows(name):
+    pad = torch.zeros(2, S, dtype=torch.bool)
+    pad[1, :3] = True  # queries 0..2 of row 1 see no key: zeros, never NaN
+    q, k, v, plan = _call(pad=pad)
+    enc = tp.make_encoding("alibi", n_heads=H)
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # flex without FlexAttention: its fallback
+        got = backends.BACKENDS[name](q, k, v, plan, enc, compile=False)
+    want = backends.naive(q, k, v, plan, enc)
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+    assert got[1, :, :3].abs().max() == 0
+
+
+def test_naive_returns_weights_on_request():
+    q, k, v, plan = _call()
+    enc = tp.make_encoding("alibi", n_heads=H)
+    out, weights = backends.naive(q, k, v, plan, enc, need_weights=True)
+    assert torch.equal(out, backends.naive(q, k, v, plan, enc))
+    torch.testing.assert_close(weights.sum(-1), torch.ones(2, H, S))
+    assert weights.triu(1).abs().max() == 0
+
+
+def test_a_registered_backend_is_a_layer_choice(monkeypatch):
+    seen = []
+
+    def mine(q, k, v, plan, encoding, *, dropout_p=0.0, compile=True):
+        seen.append(plan.causal)
+        return backends.sdpa(q, k, v, plan, encoding, dropout_p=dropout_p)
+
+    monkeypatch.setitem(backends.BACKENDS, "mine", mine)
+    layer = MultiHeadAttention(32, H, backend="mine")
+    layer(torch.randn(1, 5, 32))
+    assert seen == [True]
+
+
+def test_an_unknown_backend_raises_naming_it():
+    with pytest.raises(ValueError, match="backend must be one of"):
+        MultiHeadAttention(32, H, backend="fast")
+    layer = MultiHeadAttention(32, H)
+    layer.backend = "fast"  # reassigned later: checked when the layer runs
+    with pytest.raises(ValueError, match="backend must be one of"):
+        layer(torch.randn(1, 3, 32))
+
+
+@pytest.mark.skipif(not backends.flex_available()[0], reason="FlexAttention unavailable")
+def test_flex_falls_back_to_sdpa_itself_with_a_warning():
+    q, k, v, plan = _call()
+    q.requires_grad_(True)  # no CPU backward in this torch
+    enc = tp.make_encoding("alibi", n_heads=H)
+    with pytest.warns(RuntimeWarning, match="flex backend falls back to sdpa: .*backward"):
+        got = backends.flex(q, k, v, plan, enc)
+    torch.testing.assert_close(got, backends.sdpa(q, k, v, plan, enc))
+    got.sum().backward()
+    assert q.grad is not None
+
+
+def test_assume_kernels_switches_a_rule_for_a_block_and_restores_it():
+    cpu = backends.kernel_rules("cpu")
+    assert cpu.float32_mask and cpu.key_row is None
+    with backends.assume_kernels("cpu", float32_mask=False, key_row=False) as rules:
+        assert backends.kernel_rules("cpu") == rules and not rules.float32_mask
+        # assumed, not probed: auto takes sdpa (the cached 4-D table)
+        assert not backends.key_row_supported(torch.device("cpu"), torch.float32, False)
+    assert backends.kernel_rules("cpu") == cpu
+    with backends.assume_kernels("meta", key_row=True):
+        assert backends.key_row_supported(torch.device("meta"), torch.float32, False)
+    assert "meta" not in backends.KERNEL_RULES
+    with pytest.raises(TypeError):
+        with backends.assume_kernels("cpu", fast=True):
+            pass
+    assert backends.kernel_rules("cpu") == cpu
+
+
+def test_cache_info_counts_what_clear_caches_drops():
+    enc = tp.make_encoding("alibi", n_heads=H)
+    backends.clear_caches()
+    backends.cached_bias(enc, 0, 8, 8, causal=True, device="cpu")
+    backends.cached_key_row(enc, 8, device="cpu")
+    assert backends.cache_info()["tables"] == 2 == len(backends.cached_tensors(enc))
+    backends.clear_caches(enc)
+    assert backends.cache_info()["tables"] == 0
+
+
+def test_kv_cache_update_has_no_default_positions_switch():
+    # the "default positions" flag belongs to attention (it knows the positions it made);
+    # a user's update always gives explicit positions
+    cache = KVCache()
+    k = torch.zeros(1, 2, 3, 4)
+    with pytest.raises(TypeError):
+        cache.update(k, k, torch.arange(3), default=True)
+    cache.update(k, k, torch.arange(3))
+    assert not cache.default_positions
+    layer_cache = KVCache()
+    MultiHeadAttention(32, H)(torch.randn(1, 3, 32), kv_cache=layer_cache)
+    assert layer_cache.default_positions and layer_cache.length == 3
