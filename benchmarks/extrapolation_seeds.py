@@ -11,7 +11,7 @@ Usage (from the repository root)::
     python benchmarks/extrapolation_seeds.py --merge /tmp/s0.json /tmp/s1.json /tmp/s2.json
 
 Chapter 7 (``--out``, default ``book/data/extrapolation_results.json``): for every seed
-and every encoding (any name registered in ``tutorial_pkg.encodings.ENCODINGS``), a
+and every encoding (any name registered in ``tutorial_pkg.registry.ENCODINGS``), a
 :class:`~tutorial_pkg.experiments.ExperimentConfig` with that ``seed`` (initial weights
 and batch order) and the sizes of ``--d-model``, ``--n-layers``, ``--steps`` (defaults
 64, 2, 600: smaller than the default config, so that several seeds of every encoding
@@ -51,13 +51,14 @@ except ImportError:  # run from a checkout without installing the package
 
 from tutorial_pkg.benchmark import hardware_info
 from tutorial_pkg.data import load_splits
-from tutorial_pkg.encodings import ENCODINGS, Hybrid
+from tutorial_pkg.encodings import Hybrid
 from tutorial_pkg.experiments import (
     SCALING_TYPES,
     ExperimentConfig,
     evaluation_blocks,
     run_extrapolation,
 )
+from tutorial_pkg.registry import ENCODINGS
 from tutorial_pkg.retrieval import copy_distances, retrieval_test
 from tutorial_pkg.tasks import TASKS, train_task
 

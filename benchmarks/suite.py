@@ -299,7 +299,7 @@ def attention_suite(args: argparse.Namespace) -> Iterator[SuiteEntry]:
     """
     from tutorial_pkg import backends
     from tutorial_pkg.attention import MultiHeadAttention
-    from tutorial_pkg.encodings import make_encoding
+    from tutorial_pkg.registry import make_encoding
 
     device = torch.device(args.device)
     dtype = _suite_dtype(args)

@@ -18,7 +18,8 @@ from torch import nn
 
 from tutorial_pkg import backends
 from tutorial_pkg.attention import KVCache, MultiHeadAttention, TransformerBlock
-from tutorial_pkg.encodings import ALiBi, Hybrid, make_encoding
+from tutorial_pkg.encodings import ALiBi, Hybrid
+from tutorial_pkg.registry import make_encoding
 
 D_MODEL, N_HEADS, N_KV, SEQ = 32, 4, 2, 8
 ENCODINGS = [

@@ -26,9 +26,10 @@ import torch
 from tutorial_pkg import backends
 from tutorial_pkg.attention import KVCache, MultiHeadAttention
 from tutorial_pkg.backends import AttentionPlan
-from tutorial_pkg.encodings import ENCODINGS, NoPE, Rotary, make_encoding
+from tutorial_pkg.encodings import NoPE, Rotary
 from tutorial_pkg.model import TinyLM
 from tutorial_pkg.positions import positions_from_documents, positions_from_padding
+from tutorial_pkg.registry import ENCODINGS, make_encoding
 from tutorial_pkg.relative_bias import T5RelativeBias, t5_relative_position_bucket
 from tutorial_pkg.schedules import LayerSchedule, LocalGlobal, NoPEEvery, PerLayer
 

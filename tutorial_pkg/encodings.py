@@ -29,10 +29,12 @@ one (or builds it from the same arguments), and everything that rotates takes a
 of a :class:`Rotary` and an :class:`ALiBi`: it rotates with the first and biases with
 the second (the bias is written once, in :class:`ALiBi`).
 
-**By name.** :data:`ENCODINGS`, :func:`make_encoding` and :func:`register_encoding` are
-defined in ``tutorial_pkg.registry``, the module that lists every built-in encoding
-and schedule (it sits above this one, T5's :mod:`~tutorial_pkg.relative_bias` and
-:mod:`~tutorial_pkg.schedules`, so it can name them all); they are importable from here.
+**By name.** :data:`~tutorial_pkg.registry.ENCODINGS`,
+:func:`~tutorial_pkg.registry.make_encoding` and
+:func:`~tutorial_pkg.registry.register_encoding` live in :mod:`tutorial_pkg.registry`, the
+module that lists every built-in encoding and schedule: it sits above this one, T5's
+:mod:`~tutorial_pkg.relative_bias` and :mod:`~tutorial_pkg.schedules`, so it can name
+them all while imports point one way.
 
 Positions are explicit integer tensors, ``(L,)`` or ``[b, L]``, so decoding with a KV
 cache, left-padded batches and packed documents are correct for every encoding: a
@@ -73,10 +75,6 @@ __all__ = [
     "ALiBi",
     "Hybrid",
     "check_learned_device",
-    # defined in tutorial_pkg.registry, served by __getattr__ below (documented here)
-    "ENCODINGS",  # noqa: F822
-    "make_encoding",  # noqa: F822
-    "register_encoding",  # noqa: F822
 ]
 
 
@@ -610,20 +608,3 @@ class Hybrid(PositionEncoding):
     def set_scaling(self, scaling: dict | None) -> None:
         """Change the RoPE scaling rule (e.g. at evaluation)."""
         self.rotary.set_scaling(scaling)
-
-
-_REGISTRY_NAMES = ("ENCODINGS", "make_encoding", "register_encoding")
-
-
-def __getattr__(name: str):
-    # the registry lists every built-in, schedules and T5 included, so it is defined
-    # above them (tutorial_pkg.registry); it is also importable from here
-    if name in _REGISTRY_NAMES:
-        from . import registry
-
-        return getattr(registry, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_REGISTRY_NAMES))

@@ -624,9 +624,9 @@ def format_table(
         digits: decimals.
 
     Returns:
-        The table, in the layout of the benchmark tables (:func:`tutorial_pkg.records.text_table`) under a title
-        line; ``n/a`` marks a value that was not measured, and each distinct ``note`` is
-        listed below the table.
+        The table, in the layout of the benchmark tables
+        (:func:`tutorial_pkg.records.text_table`) under a title line; ``n/a`` marks a
+        value that was not measured, and each distinct ``note`` is listed below the table.
 
     Raises:
         TypeError: if ``records`` is not a non-empty list of dicts.

@@ -40,7 +40,7 @@ class TinyLM(nn.Module):
     """Decoder-only LM for byte-level text.
 
     Args:
-        encoding: an encoding name for :func:`~tutorial_pkg.encodings.make_encoding` (an encoding
+        encoding: an encoding name for :func:`~tutorial_pkg.registry.make_encoding` (an encoding
             or a schedule) or an instance (shared by every layer); a
             :class:`~tutorial_pkg.schedules.LayerSchedule` (or its name, e.g. ``"irope"``,
             ``"local_global"``): layer ``i`` gets ``schedule.layer(i)``; or a list of
@@ -60,7 +60,7 @@ class TinyLM(nn.Module):
         norm_first: pre-norm blocks (``True``) or post-norm.
         n_kv_heads: grouped-query attention heads.
         seed: seed of the initial weights (identical across encodings).
-        encoding_kwargs: extra arguments for :func:`~tutorial_pkg.encodings.make_encoding`
+        encoding_kwargs: extra arguments for :func:`~tutorial_pkg.registry.make_encoding`
             (for a list, passed for each name in it).
         window: sliding window of every layer (see
             :class:`~tutorial_pkg.attention.MultiHeadAttention`); a schedule that sets

@@ -18,7 +18,7 @@ A schedule is not an encoding: it is a small :class:`LayerSchedule` that
 :class:`~tutorial_pkg.model.TinyLM` asks, layer by layer, for the encoding and the
 sliding window (:meth:`LayerSchedule.layer`); a single attention layer refuses one (it
 needs the layer's encoding). Schedules are registered by name in
-:data:`~tutorial_pkg.encodings.ENCODINGS` with the encodings, so ``TinyLM("irope")``
+:data:`~tutorial_pkg.registry.ENCODINGS` with the encodings, so ``TinyLM("irope")``
 and the experiments of chapter 7 build them like any encoding (their ``build`` gets
 the model's ``head_dim``). Schedules hold relative encodings only (an absolute one is
 added once, to the embeddings, not per layer). Their RoPE layers take RoPE's options
@@ -63,7 +63,7 @@ class LayerSchedule(nn.Module):
 
     @classmethod
     def build(cls, *, d_model=None, n_heads=None, head_dim=None, max_len=None, **kwargs):
-        """``cls(head_dim, **kwargs)``, for :func:`~tutorial_pkg.encodings.make_encoding`.
+        """``cls(head_dim, **kwargs)``, for :func:`~tutorial_pkg.registry.make_encoding`.
 
         A schedule's layers are relative encodings that need the model's ``head_dim``
         (``ValueError`` when it is ``None``); override this for other sizes.
