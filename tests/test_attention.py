@@ -7,7 +7,6 @@ except in one test, which compiles it for one small shape.
 from __future__ import annotations
 
 import contextlib
-import os
 import warnings
 from unittest import mock
 
@@ -27,9 +26,8 @@ ENCODINGS = [
     "hybrid_learnable", "t5",
 ]
 HAS_FLEX = backends.flex_available()[0]
-# Set TUTORIAL_PKG_SKIP_SLOW=1 to skip the torch.compile test (inductor codegen, ~5-15 s).
-slow = pytest.mark.skipif(os.environ.get("TUTORIAL_PKG_SKIP_SLOW") == "1",
-                          reason="TUTORIAL_PKG_SKIP_SLOW=1")
+# compiles (inductor codegen): `pytest -m "not slow"` skips it while editing
+slow = pytest.mark.slow
 needs_flex = pytest.mark.skipif(not HAS_FLEX, reason="FlexAttention unavailable")
 
 pytestmark = [

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import contextlib
 import math
-import os
 import warnings
 
 import pytest
@@ -34,9 +33,8 @@ from tutorial_pkg.relative_bias import T5RelativeBias, t5_relative_position_buck
 from tutorial_pkg.schedules import LayerSchedule, LocalGlobal, NoPEEvery, PerLayer
 
 HAS_FLEX = backends.flex_available()[0]
-# TUTORIAL_PKG_SKIP_SLOW=1 skips the tests that compile FlexAttention (inductor codegen)
-slow = pytest.mark.skipif(os.environ.get("TUTORIAL_PKG_SKIP_SLOW") == "1",
-                          reason="TUTORIAL_PKG_SKIP_SLOW=1")
+# compiles (inductor codegen): `pytest -m "not slow"` skips it while editing
+slow = pytest.mark.slow
 needs_flex = pytest.mark.skipif(not HAS_FLEX, reason="FlexAttention unavailable")
 ALL_BACKENDS = ["naive", "sdpa", "auto", pytest.param("flex", marks=needs_flex)]
 RELATIVE = ["nope", "rope", "alibi", "hybrid", "t5"]
