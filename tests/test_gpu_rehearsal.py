@@ -3,11 +3,12 @@
 On a GPU, chapter 5 runs in float16 and the attention kernels follow other rules than on a
 CPU: a float mask must have q's dtype (so the cached table is cast per call), and the fused
 kernels cannot take a float32 key row together with ``is_causal`` (so ``"auto"`` falls back
-to the cached table). Both rules are switches of ``tutorial_pkg.backends``; here they are set
-the GPU's way on the CPU, the chapter's own memory cell (tagged ``gpu-rehearsal``) is run on
-suite records measured in float16 and bfloat16, and the half-precision paths are checked
-against the float64 oracle. The old cell (``n_bias = H * L * L * 4`` and an unconditional
-"auto holds one row") fails this rehearsal; the test says so.
+to the cached table). Both rules are ``tutorial_pkg.backends.KernelRules``; here they
+are set the GPU's way on the CPU (``backends.assume_kernels``), the chapter's own memory
+cell (tagged ``gpu-rehearsal``) is run on suite records measured in float16 and bfloat16,
+and the half-precision paths are checked against the float64 oracle. The old cell
+(``n_bias = H * L * L * 4`` and an unconditional "auto holds one row") fails this
+rehearsal; the test says so.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import tutorial_pkg as tp
 from benchmarks import suite as bs
 from tutorial_pkg import backends
 from tutorial_pkg import benchmark as bm
-from tutorial_pkg.rope import _apply_rope_fast, _chunkable, _rope_half_chunked
+from tutorial_pkg.rope_kernels import fast_rope
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -32,7 +33,7 @@ HALF = [torch.float16, torch.bfloat16]
 #: this rehearsal catches it).
 OLD_CELL = """
 n_bias = H * L_MAX * L_MAX * 4  # bytes of one (H, L, L) float32 tensor
-limit = rec(bm.ATTENTION_LIMIT)
+limit = rec(bs.ATTENTION_LIMIT)
 assert rec("alibi/naive").peak_bytes >= n_bias
 assert rec("alibi/article").held_bytes >= n_bias
 assert rec("alibi/sdpa").held_bytes >= n_bias
@@ -48,13 +49,10 @@ def _chapter_cell(tag: str) -> str:
 
 
 @pytest.fixture
-def gpu_rules(monkeypatch):
+def gpu_rules():
     """The GPU's SDPA rules on the CPU: masks in q's dtype, no float32 key row with is_causal."""
-    monkeypatch.setattr(backends, "_FLOAT32_MASK_DEVICES", set())
-    monkeypatch.setattr(backends, "_key_row_ok",
-                        {("cpu", dt, gqa): False for dt in HALF for gqa in (False, True)})
-    yield
-    backends.clear_caches()
+    with backends.assume_kernels("cpu", float32_mask=False, key_row=False):
+        yield
 
 
 def _namespace(dtype: torch.dtype, lengths=(64, 128), heads=2, head_dim=16) -> dict:
@@ -74,7 +72,7 @@ def _namespace(dtype: torch.dtype, lengths=(64, 128), heads=2, head_dim=16) -> d
         (r,) = [r for r in pool if r.case == case and r.params["seq_len"] == length]
         return r
 
-    return {"torch": torch, "tp": tp, "bm": bm, "device": "cpu", "DTYPE": dtype_name,
+    return {"torch": torch, "tp": tp, "bm": bm, "bs": bs, "device": "cpu", "DTYPE": dtype_name,
             "H": heads, "D": head_dim, "LENGTHS": list(lengths), "L_MAX": lengths[-1],
             "BACKENDS": ["naive", "sdpa", "auto"], "records": records, "rec": rec}
 
@@ -95,7 +93,6 @@ def test_chapter5_memory_cell_holds_in_half_precision_with_cpu_rules(dtype):
     exec(_chapter_cell("gpu-rehearsal"), ns)
     assert ns["row_ok"] is True  # the CPU kernel takes the float32 row: nothing L x L held
     assert ns["rec"]("alibi/auto").held_bytes < ns["bias_bytes"]("alibi/sdpa") / 100
-    backends.clear_caches()
 
 
 def test_the_old_float32_byte_count_fails_the_rehearsal(gpu_rules):
@@ -123,7 +120,6 @@ def test_auto_in_half_precision_matches_the_float64_oracle(request, dtype, rules
     # the inputs' own rounding bounds what any 16-bit kernel can reach
     tol = 2e-2 if dtype == torch.float16 else 6e-2
     torch.testing.assert_close(got.double(), want, atol=tol, rtol=tol)
-    backends.clear_caches()
 
 
 def test_key_row_stays_float32_and_a_sixteen_bit_row_would_not_do():
@@ -133,7 +129,6 @@ def test_key_row_stays_float32_and_a_sixteen_bit_row_would_not_do():
     for dtype, worst in ((torch.float16, 1.0), (torch.bfloat16, 4.0)):
         err = (row.to(dtype).float() - row).abs().max().item()
         assert err >= worst  # whole logits lost near j = 8192: why the row is never rounded
-    backends.clear_caches(enc)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, *HALF], ids=str)
@@ -147,7 +142,9 @@ def test_peak_memory_counts_bytes_by_dtype(dtype):
 # --------------------------------------------------------------------------- RoPE default path
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, *HALF], ids=str)
 @pytest.mark.parametrize("shape", [(4, 8, 2048, 64), (1, 2, 9000, 64), (3, 5000, 32)])
-def test_blocked_rope_is_bit_for_bit_the_three_kernel_form(dtype, shape):
+def test_default_rope_is_bit_for_bit_the_three_kernel_form(dtype, shape):
+    # large CPU inputs without autograd run block by block: the same bits as the plain
+    # three-kernel form x * [cos, cos], then -= x2 sin and += x1 sin in place
     x = torch.randn(shape).to(dtype)
     rot = tp.RotaryEmbedding(shape[-1])
     cos, sin = rot.cos_sin(start=0, length=shape[-2])
@@ -156,28 +153,45 @@ def test_blocked_rope_is_bit_for_bit_the_three_kernel_form(dtype, shape):
     want = x * torch.cat((c, c), dim=-1)
     want[..., :half].addcmul_(x[..., half:], s, value=-1)
     want[..., half:].addcmul_(x[..., :half], s)
-    assert _chunkable(x, c)
-    assert torch.equal(_rope_half_chunked(x, c, s), want)
     with torch.no_grad():
+        assert torch.equal(fast_rope(cos, sin, "half", x)[0], want)
         assert torch.equal(rot.rotate(x), want)  # the default path takes it
+        if x.dim() == 4:
+            assert all(torch.equal(t, want) for t in rot(x, x))  # q and k, as attention calls
     torch.testing.assert_close(rot.rotate(x).double(), tp.apply_rope(x.double(), cos, sin),
                                atol=3e-2 if dtype in HALF else 1e-5, rtol=1e-2)
 
 
-def test_blocked_rope_is_skipped_where_it_does_not_apply():
+def test_default_rope_gives_the_same_bits_on_every_path():
+    # a table that does not cover x's positions, a non-contiguous x, a small x and an x
+    # that needs gradients do not run block by block: same values, and autograd works
     rot = tp.RotaryEmbedding(64)
-    cos, _ = rot.cos_sin(start=0, length=4096)
+    cos, sin = rot.cos_sin(start=0, length=4096)
     big = torch.randn(2, 4, 4096, 64)
-    assert _chunkable(big, cos)
-    assert not _chunkable(big[..., :2048, :], cos)  # the table must cover x's positions
-    assert not _chunkable(big.transpose(1, 2), cos)  # not contiguous
-    small_cos = rot.cos_sin(start=0, length=1024)[0]
-    assert not _chunkable(torch.randn(1, 1, 1024, 64), small_cos)  # 256 KiB: one block anyway
-    x = big.requires_grad_(True)
-    assert not _chunkable(x, cos)  # out= has no autograd: the graph-keeping form is used
-    out = _apply_rope_fast(x, cos, rot.cos_sin(start=0, length=4096)[1], "half")
+
+    def three_kernel(x, c, s):
+        out = x * torch.cat((c, c), dim=-1)
+        out[..., :32].addcmul_(x[..., 32:], s, value=-1)
+        out[..., 32:].addcmul_(x[..., :32], s)
+        return out
+
+    with torch.no_grad():
+        for x in (big, big.transpose(0, 1), big[:1, :1, :1024]):
+            n = x.shape[-2]
+            want = three_kernel(x, cos[:n], sin[:n])
+            assert torch.equal(fast_rope(cos[:n], sin[:n], "half", x)[0], want)
+            assert torch.equal(rot.rotate(x), want)
+        # a broadcast [1, 1, s, h_d/2] table (attention's positions [1, s]), q and k at once
+        for got in fast_rope(cos[None, None], sin[None, None], "half", big, big[:1]):
+            assert torch.equal(got, three_kernel(big[: len(got)], cos, sin))
+    x = big.clone().requires_grad_(True)
+    out = rot.rotate(x)
+    assert torch.equal(out.detach(), three_kernel(big, cos, sin))
     (grad,) = torch.autograd.grad(out.sum(), x)
     assert grad.shape == x.shape
+    # the rotation is orthogonal: the gradient of sum(R x) is R^T 1
+    ones = torch.ones(1, 1, 4096, 64)
+    torch.testing.assert_close(grad[0, 0], tp.apply_rope(ones, cos, -sin)[0, 0])
 
 
 # ----------------------------------------------------- chapter 5: failed and skipped records
@@ -239,7 +253,6 @@ def test_chapter5_live_cells_handle_failed_and_skipped_records(monkeypatch):
             exec(source, ns)  # no TypeError on a None field, no claim on a missing number
     finally:
         plt.close("all")
-        backends.clear_caches()
     assert ns["row_ok"] is True and ns["claims"]["alibi/sdpa"] is not None
 
 

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import math
 import os
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -498,3 +500,49 @@ def test_apply_rope_accepts_tables_with_equal_halves_that_do_not_rotate():
     x = torch.randn(1, 1, 1, 16)
     cos, sin = torch.ones(1, 8), torch.zeros(1, 8)
     torch.testing.assert_close(apply_rope(x, cos, sin), x)
+
+
+# --------------------------------------------------------------------------- the speed record
+SPEED_RECORD = Path(__file__).resolve().parents[1] / "book" / "data" / "rope_speed_cpu.json"
+
+
+def test_rope_speed_cases_compute_the_rotation():
+    # the benchmark's cases, on a small shape: each returns q and k rotated as apply_rope does
+    from benchmarks.rope_speed import REFERENCE, rope_cases
+
+    b, h, s, d = 1, 2, 16, 8
+    cases = rope_cases((b, h, s, d), torch.float64)
+    gen = torch.Generator().manual_seed(s)  # the cases' own inputs
+    q, k = (torch.randn(b, h, s, d, generator=gen).to(torch.float64) for _ in range(2))
+    cos, sin = cos_sin(s, d)
+    want = (apply_rope(q, cos, sin), apply_rope(k, cos, sin))
+    assert {REFERENCE, "rotate (attention)", "rotate", "apply_rope"} <= set(cases)
+    for name, call in cases.items():
+        got = call()
+        expected = (q, k) if name == REFERENCE else want
+        for g, w in zip(got, expected, strict=True):
+            torch.testing.assert_close(g, w, msg=name)
+
+
+def test_rope_speed_record_is_well_formed_and_states_ratios():
+    """The recorded run (benchmarks/rope_speed.py): where it ran, how busy the machine was,
+    and per dtype each case's ratio to the copy of q and k with its range over rounds."""
+    from tutorial_pkg.benchmark import load_results
+
+    hardware, records = load_results(SPEED_RECORD)
+    for key in ("cpu", "torch", "date", "loadavg", "loadavg_end", "malloc", "command"):
+        assert hardware.get(key) is not None, key
+    assert hardware["num_threads"] == 1
+    summary = json.loads(SPEED_RECORD.read_text(encoding="utf-8"))["summary"]
+    assert set(summary) == {"float32", "bfloat16"}
+    for dtype, cases in summary.items():
+        group = [r for r in records if r.params["dtype"] == dtype]
+        assert {r.reference for r in group} == {"copy q,k"}
+        assert {"copy q,k", "rotate (attention)", "rotate", "apply_rope",
+                "hf apply_rotary_pos_emb"} <= set(cases)
+        for r in group:
+            assert r.ok and len(r.round_ratios) >= 3, (dtype, r.case)
+            stated = cases[r.case]
+            assert stated["ratio"] == pytest.approx(r.ratio, abs=1e-3)
+            assert stated["round_min"] <= stated["ratio"] <= stated["round_max"]
+        assert cases["copy q,k"]["ratio"] == 1.0

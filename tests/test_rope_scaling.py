@@ -14,10 +14,13 @@ import torch
 
 from tutorial_pkg import RotaryEmbedding, inv_freq, scaled_inv_freq
 from tutorial_pkg.rope_scaling import (
+    ROPE_SCALINGS,
+    depends_on_length,
     dynamic_ntk_scaling,
     llama3_scaling,
     longrope_scaling,
     p_rope_inv_freq,
+    seq_len_after,
     yarn_mscale,
     yarn_scaling,
 )
@@ -360,3 +363,27 @@ def test_p_rope_is_registered_by_name():
     assert enc.rope.p_rope == 0.75 and int((enc.rope.inv_freq > 0).sum()) == 6
     assert make_encoding("p_rope", head_dim=16, p_rope=0.5).rope.p_rope == 0.5
     assert enc.supports_scaling
+
+
+def test_which_rules_follow_the_length_and_when_they_change():
+    """Only "dynamic" and "longrope" take seq_len; seq_len_after says when (Hugging Face's
+    dynamic_rope_update): dynamic grows with the longest length seen and returns to the
+    original base below the original length; longrope switches factors at that length."""
+    assert {k for k in ROPE_SCALINGS if depends_on_length(k)} == {"dynamic", "longrope"}
+    with pytest.raises(ValueError, match="scaling\\['type'\\]"):
+        depends_on_length("nope")
+    dyn = {"type": "dynamic", "factor": 2, "original_max_position": 256}
+    steps, current = [], None
+    for end in (100, 300, 600, 400, 200, 700):
+        current = seq_len_after(dyn, end, current)
+        steps.append(current)
+    assert steps == [None, 300, 600, 600, None, 700]
+    lr = {"type": "longrope", "short_factor": [1.0], "long_factor": [2.0],
+          "original_max_position": 256, "factor": 4}
+    steps, current = [], None
+    for end in (100, 300, 600, 200, 257):
+        current = seq_len_after(lr, end, current)
+        steps.append(current)
+    assert steps == [None, 300, 300, None, 257]  # the factors, not the length, matter
+    assert seq_len_after({"type": "linear", "factor": 2}, 10_000, None) is None
+    assert seq_len_after(None, 10_000, None) is None

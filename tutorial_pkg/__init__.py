@@ -30,7 +30,6 @@ from . import backends, diagnose, hf
 from .alibi import ALIBI_MODES, alibi_bias, alibi_score_mod, alibi_slopes
 from .attention import BACKENDS, KVCache, MultiHeadAttention, TransformerBlock, flex_available
 from .encodings import (
-    ENCODINGS,
     ALiBi,
     Hybrid,
     Learned,
@@ -39,9 +38,10 @@ from .encodings import (
     PRoPE,
     Rotary,
     Sinusoidal,
-    make_encoding,
 )
+from .model import TinyLM
 from .positions import positions_from_documents, positions_from_padding
+from .registry import ENCODINGS, make_encoding, register_encoding
 from .relative_bias import (
     T5_MAX_DISTANCE,
     T5_NUM_BUCKETS,
@@ -50,7 +50,6 @@ from .relative_bias import (
 )
 from .rope import (
     LAYOUTS,
-    ROPE_SCALINGS,
     RotaryEmbedding,
     apply_rope,
     apply_rope_complex,
@@ -61,10 +60,10 @@ from .rope import (
     precompute_freqs_cis,
     rope_angles,
     rotate_half,
-    scaled_inv_freq,
 )
 from .rope_config import HF_ROPE_TYPES, RopeConfig, read_rope_config
 from .rope_scaling import (
+    ROPE_SCALINGS,
     dynamic_ntk_scaling,
     linear_scaling,
     llama3_scaling,
@@ -72,6 +71,7 @@ from .rope_scaling import (
     no_scaling,
     ntk_scaling,
     p_rope_inv_freq,
+    scaled_inv_freq,
     yarn_mscale,
     yarn_scaling,
 )
@@ -141,12 +141,15 @@ __all__ = [
     "Hybrid",
     "ENCODINGS",
     "make_encoding",
+    "register_encoding",
     # attention
     "BACKENDS",
     "flex_available",
     "KVCache",
     "MultiHeadAttention",
     "TransformerBlock",
+    # model
+    "TinyLM",
     # positions
     "positions_from_padding",
     "positions_from_documents",

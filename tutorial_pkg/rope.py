@@ -1,11 +1,11 @@
-"""Rotary position embedding (RoPE; Su et al., 2021). Chapter 2.
+"""Rotary position embedding (RoPE; Su et al., 2021): the math. Chapter 2.
 
 RoPE rotates each pair of query/key features by an angle proportional to the
 token position, ``m * theta_i`` with ``theta_i = base ** (-2i / d)``, so that
 ``<R_m q, R_n k>`` depends on positions only through ``m - n``.
 
-Two pair layouts exist in real checkpoints, and mixing them silently gives wrong
-attention scores:
+Two pair layouts exist in real checkpoints (:data:`LAYOUTS`), and mixing them
+silently gives wrong attention scores:
 
 * ``"half"``: pair ``(x[i], x[i + d/2])``. Hugging Face Llama / GPT-NeoX
   (``rotate_half``).
@@ -16,20 +16,19 @@ They are the same rotation up to a fixed permutation of the feature axis;
 :func:`interleaved_to_half` / :func:`half_to_interleaved` permute q/k projection
 weights from one to the other (what Hugging Face's Llama conversion script does).
 
-Angles are always computed in float32 (or float64 on request): position ``m``
-times a frequency in bfloat16 has an absolute error of about ``m * 2**-8``
-radians, i.e. random rotations past a few hundred tokens (chapter 2 measures it).
-Only the final ``cos``/``sin`` values are cast to the dtype of q/k.
+Angles are always computed in float32 (or float64 on request); only the final
+``cos``/``sin`` values are cast to the dtype of q/k.
 
 Shapes: q and k are ``[b, n_h, s, h_d]`` (the layout of
 ``torch.nn.functional.scaled_dot_product_attention``).
+
+Where things live: the scaling rules and :func:`~tutorial_pkg.rope_scaling.scaled_inv_freq`
+in :mod:`tutorial_pkg.rope_scaling`; reading a Hugging Face config in
+:mod:`tutorial_pkg.rope_config` (which :meth:`RotaryEmbedding.from_config` calls);
+the fast paths :class:`RotaryEmbedding` runs in :mod:`tutorial_pkg.rope_kernels`.
 """
 
 from __future__ import annotations
-
-import inspect
-import warnings
-from collections.abc import Callable
 
 import torch
 from torch import nn
@@ -44,22 +43,19 @@ from ._checks import (
     check_positive_int,
     values_readable,
 )
-from .rope_scaling import (
-    dynamic_ntk_scaling,
-    linear_scaling,
-    llama3_scaling,
-    longrope_scaling,
-    no_scaling,
-    ntk_scaling,
+from .rope_config import LAYOUTS, read_rope_config
+from .rope_kernels import fast_rope, fused_rope
+from .rope_scaling import (  # noqa: F401  (ROPE_SCALINGS re-exported)
+    ROPE_SCALINGS,
+    depends_on_length,
     p_rope_inv_freq,
-    yarn_scaling,
+    scaled_inv_freq,
+    seq_len_after,
 )
 
 __all__ = [
     "LAYOUTS",
-    "ROPE_SCALINGS",
     "inv_freq",
-    "scaled_inv_freq",
     "rope_angles",
     "rotate_half",
     "apply_rope",
@@ -70,9 +66,6 @@ __all__ = [
     "half_to_interleaved",
     "RotaryEmbedding",
 ]
-
-#: The RoPE pair layouts, "half" (Hugging Face rotate_half) and "interleaved" (Meta, complex).
-LAYOUTS = ("half", "interleaved")
 
 
 # --------------------------------------------------------------------------- frequencies
@@ -91,78 +84,6 @@ def inv_freq(dim: int, base: float = 10000.0, *, device=None) -> torch.Tensor:
     base = check_positive_float("base", base)
     exponent = torch.arange(0, dim, 2, dtype=torch.float64, device=device) / dim
     return (base**-exponent).float()
-
-
-#: The registry of RoPE scaling rules, by name (see :mod:`tutorial_pkg.rope_scaling`);
-#: each is ``fn(dim, base, **params) -> (inv_freq, attention_factor)``, and the rules
-#: that depend on the current length (``"dynamic"``, ``"longrope"``) take ``seq_len``.
-#: Add an entry to make a new rule available to :func:`scaled_inv_freq` and
-#: :class:`RotaryEmbedding`.
-ROPE_SCALINGS: dict[str, Callable[..., tuple[torch.Tensor, float]]] = {
-    "none": no_scaling,
-    "linear": linear_scaling,
-    "ntk": ntk_scaling,
-    "dynamic": dynamic_ntk_scaling,
-    "yarn": yarn_scaling,
-    "longrope": longrope_scaling,
-    "llama3": llama3_scaling,
-}
-
-
-def _depends_on_length(rule) -> bool:
-    return "seq_len" in inspect.signature(rule).parameters
-
-
-def scaled_inv_freq(
-    dim: int,
-    base: float = 10000.0,
-    scaling: dict | None = None,
-    *,
-    seq_len: int | None = None,
-    device=None,
-) -> tuple[torch.Tensor, float]:
-    """Inverse frequencies after a context-extension rule, and its attention factor.
-
-    Args:
-        dim: rotary dimension (even).
-        base: RoPE base.
-        scaling: ``None`` or a dict ``{"type": name, **params}`` with ``name`` in
-            :data:`ROPE_SCALINGS` and the parameters of that rule
-            (:mod:`tutorial_pkg.rope_scaling`): ``{"type": "linear", "factor": 4}``,
-            ``{"type": "ntk", "factor": 4}``,
-            ``{"type": "dynamic", "factor": 4, "original_max_position": 2048}``,
-            ``{"type": "yarn", "factor": 4, "original_max_position": 2048}``,
-            ``{"type": "longrope", "short_factor": [...], "long_factor": [...],
-            "original_max_position": 4096, "factor": 32}``,
-            ``{"type": "llama3", "factor": 8, "low_freq_factor": 1,
-            "high_freq_factor": 4, "original_max_position": 8192}``.
-            :func:`~tutorial_pkg.rope_config.read_rope_config` builds it from a
-            Hugging Face config.
-        seq_len: current sequence length, for the rules that depend on it
-            (``"dynamic"``, ``"longrope"``); ignored by the others. ``None``: the
-            original length.
-
-    Returns:
-        ``(inv_freq (dim // 2,) float32, attention_factor float)``.
-    """
-    check_even("dim", dim)
-    base = check_positive_float("base", base)
-    if scaling is None:
-        return no_scaling(dim, base, device=device)
-    if not isinstance(scaling, dict) or "type" not in scaling:
-        raise TypeError(f"scaling must be None or a dict with a 'type' key, got {scaling!r}")
-    params = dict(scaling)
-    kind = check_choice("scaling['type']", params.pop("type"), ROPE_SCALINGS)
-    rule = ROPE_SCALINGS[kind]
-    if "seq_len" in params:
-        raise ValueError("scaling must not hold 'seq_len' (the current length is an argument)")
-    if _depends_on_length(rule):
-        params["seq_len"] = seq_len
-    try:  # unknown or missing parameter for this rule (a wrong value raises in the rule)
-        inspect.signature(rule).bind(dim, base, device=device, **params)
-    except TypeError as err:
-        raise ValueError(f"scaling parameters for {kind!r} are invalid: {err}") from err
-    return rule(dim, base, device=device, **params)
 
 
 def rope_angles(positions, inv_freq: torch.Tensor) -> torch.Tensor:
@@ -205,15 +126,12 @@ def apply_rope(
 
     **One column per pair, not Hugging Face's tables.** ``cos``/``sin`` hold one angle
     per rotated pair, ``[..., r/2]`` (what :meth:`RotaryEmbedding.cos_sin` returns).
-    Hugging Face's rotary embeddings return ``[b, s, r]`` with the halves duplicated
-    (``cat(freqs, freqs)``); read as pairs, those would rotate ``2r`` features by the
-    wrong angles. Pass their first half, ``cos[..., : r // 2]`` and ``sin[..., : r // 2]``
-    (``[:, None]`` for the head axis), with ``layout="half"``. ``apply_rope`` refuses
-    HF's form with a ``ValueError`` saying so: by shape where it covers more than
-    ``h_d`` features (full rotary), and by value (both halves of ``cos`` and of ``sin``
-    equal, some angle not 0) where it fits, which it checks where reading the
-    tables is free (a CPU tensor, outside compilation; not on a GPU, where the read
-    would synchronise, so there only the shape check runs).
+    Hugging Face's are ``[b, s, r]`` with the halves duplicated (``cat(freqs, freqs)``):
+    pass their first half, ``cos[..., : r // 2]`` and ``sin[..., : r // 2]`` (``[:, None]``
+    for the head axis), with ``layout="half"``. HF's form raises ``ValueError``: by
+    shape where it covers more than ``h_d`` features, and by value (both halves equal,
+    some angle not 0) where reading the tables is free (a CPU tensor, outside
+    compilation; on a GPU only the shape check runs).
 
     Args:
         x: ``[..., s, h_d]`` queries or keys (e.g. ``[b, n_h, s, h_d]``).
@@ -290,160 +208,6 @@ def _refuse_hf_tables(cos: torch.Tensor, sin: torch.Tensor) -> None:
             and bool(sin.ne(0).any())):
         raise ValueError(f"cos/sin of shape {tuple(cos.shape)} have equal halves: they look like "
                          f"{_HF_TABLES[0].lower()}{_HF_TABLES[1:]}")
-
-
-def _apply_rope_fast(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: str):
-    """:func:`apply_rope` in fewer passes over ``x``; equal up to rounding (chapter 5).
-
-    :func:`apply_rope` is the readable form: four products, a difference, a sum and
-    a concatenation, i.e. seven elementwise kernels and six temporaries of half
-    the size of ``x``. Elementwise kernels are limited by memory traffic, so here:
-
-    * half layout: ``out = x * [cos, cos]``, then ``out[:, :r/2] -= x2 sin`` and
-      ``out[:, r/2:] += x1 sin`` in place (``addcmul_``): three kernels, one
-      allocation; on a CPU, for large ``x`` without autograd, run block by block
-      (:func:`_rope_half_chunked`) so that the tensors cross memory about once;
-    * interleaved layout in float32/float64: one complex multiplication, the
-      pairs ``(x[2i], x[2i+1])`` viewed as complex numbers (Meta's form);
-      otherwise the three-kernel form on strided views.
-
-    Both keep autograd (the in-place updates touch a fresh tensor that no
-    backward formula saved). Partial rotary falls back to :func:`apply_rope`.
-    """
-    half = cos.shape[-1]
-    if 2 * half != x.shape[-1]:
-        return _rope(x, cos, sin, layout)
-    c, s = cos.to(x.dtype), sin.to(x.dtype)
-    if layout == "half":
-        if _chunkable(x, c):
-            return _rope_half_chunked(x, c, s)
-        out = x * torch.cat((c, c), dim=-1)
-        out[..., :half].addcmul_(x[..., half:], s, value=-1)
-        out[..., half:].addcmul_(x[..., :half], s)
-        return out
-    pairs = x.unflatten(-1, (half, 2))
-    if (
-        x.dtype in (torch.float32, torch.float64)
-        and pairs.stride(-1) == 1
-        and pairs.storage_offset() % 2 == 0
-        and all(st % 2 == 0 for st in pairs.stride()[:-1])
-    ):
-        rotated = torch.view_as_complex(pairs) * torch.complex(c, s)
-        return torch.view_as_real(rotated).flatten(-2)
-    out = x * torch.stack((c, c), dim=-1).flatten(-2)
-    out[..., 0::2].addcmul_(x[..., 1::2], s, value=-1)
-    out[..., 1::2].addcmul_(x[..., 0::2], s)
-    return out
-
-
-#: Bytes of ``x`` per block of the chunked CPU rotation: a block of ``x`` and of the
-#: output (2 x 256 KiB) stay in a core's L2 cache (512 KiB and up on current x86 CPUs).
-_ROPE_CHUNK_BYTES = 256 * 1024
-
-
-def _chunkable(x: torch.Tensor, cos: torch.Tensor) -> bool:
-    """Whether :func:`_rope_half_chunked` applies: a large contiguous CPU ``x``, one
-    ``[s, h_d/2]`` table for every leading index, and no autograd (``out=`` has none)."""
-    return (
-        x.device.type == "cpu"
-        and cos.dim() == 2
-        and x.dim() >= 2
-        and cos.shape[0] == x.shape[-2]
-        and x.is_contiguous()
-        and x.numel() * x.element_size() > 2 * _ROPE_CHUNK_BYTES
-        and not (torch.is_grad_enabled() and (x.requires_grad or cos.requires_grad))
-    )
-
-
-def _rope_half_chunked(x: torch.Tensor, c: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
-    """The three-kernel half-layout rotation of :func:`_apply_rope_fast`, block by block.
-
-    ``x`` ``[..., s, h_d]`` contiguous, ``c``/``s`` ``[s, h_d/2]`` in ``x``'s dtype. The
-    same three kernels per element (``x * [cos, cos]``, then two ``addcmul_``), so the
-    same bits, but run on blocks of about :data:`_ROPE_CHUNK_BYTES` written into one
-    preallocated output: the first kernel streams a block from memory and the two
-    others find it in cache, so ``x`` and the output cross the memory bus about once,
-    as in a copy, instead of three times.
-    """
-    seq, dim = x.shape[-2], x.shape[-1]
-    half = dim // 2
-    out = torch.empty_like(x)
-    row_bytes = dim * x.element_size()
-    per_slice = max(1, _ROPE_CHUNK_BYTES // (seq * row_bytes))  # whole [s, h_d] slices
-    step = seq if per_slice > 1 else max(1, _ROPE_CHUNK_BYTES // row_bytes)  # or positions
-
-    def blocks(t: torch.Tensor) -> list[torch.Tensor]:
-        # every block's view made up front (split is one call), not sliced in the loop
-        return [b for sl in t.view(-1, seq, t.shape[-1]).split(per_slice)
-                for b in sl.split(step, dim=1)]
-
-    xs, outs = x.view(-1, seq, dim), out.view(-1, seq, dim)
-    n_pos = len(range(0, seq, step))
-    tables = list(zip(torch.cat((c, c), dim=-1).split(step), s.split(step), strict=True))
-    for i, (xb, x1, x2, ob, o1, o2) in enumerate(zip(
-        blocks(xs), blocks(xs[..., :half]), blocks(xs[..., half:]),
-        blocks(outs), blocks(outs[..., :half]), blocks(outs[..., half:]), strict=True,
-    )):
-        cc, sb = tables[i % n_pos]
-        torch.mul(xb, cc, out=ob)
-        o1.addcmul_(x2, sb, value=-1)
-        o2.addcmul_(x1, sb)
-    return out
-
-
-def _rope_half_body(x: torch.Tensor, cs: torch.Tensor) -> torch.Tensor:
-    """The rotation that ``torch.compile`` fuses into one kernel (half layout).
-
-    ``cs`` is ``[s, 2, h_d/2]``: ``cos`` and ``sin`` stacked, already in ``x``'s
-    dtype, as in :func:`apply_rope` (one table: one stream of loads per row). The
-    generated kernel computes each element in float32 and rounds once. Tables in
-    float32 would be more precise for 16-bit ``x`` but measured slower in bfloat16
-    on CPU (more bytes per element), and the eager path rounds them too.
-    """
-    half = cs.shape[-1]
-    cos, sin = cs[..., 0, :], cs[..., 1, :]
-    x1, x2 = x[..., :half], x[..., half:]
-    return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
-
-
-def _rope_half_body_pair(q, k, cs):
-    # q and k in one compiled call: one launch, one guard check, and (same shapes)
-    # one loop that loads and converts each table row once for both
-    return _rope_half_body(q, cs), _rope_half_body(k, cs)
-
-
-_fused_rope: dict = {}
-
-
-def _fused_rope_fn(pair: bool = False):
-    """The fused rotation compiled once per process, or None if compiling failed.
-
-    ``dynamic=True``: one compilation serves all batch sizes, head counts and
-    lengths, and q and k of the same shape share their size symbols, so inductor
-    rotates both in the same loop. Marking each tensor's dimensions dynamic one by
-    one instead (``maybe_mark_dynamic``) gave q and k separate symbols and two
-    loops that each stream the cos/sin table again: measured 1.45x a copy of q and
-    k instead of 1.2x in float32 on CPU, 2.3x instead of 1.7x in bfloat16.
-    """
-    key = "pair" if pair else "one"
-    if key not in _fused_rope:  # compiling happens at the first call
-        body = _rope_half_body_pair if pair else _rope_half_body
-        _fused_rope[key] = torch.compile(body, dynamic=True)
-    return _fused_rope[key]
-
-
-def _call_fused(pair: bool, *args):
-    """Run the fused rotation; None (and a warning, once) if it cannot compile here."""
-    fn = _fused_rope_fn(pair)
-    if fn is None:
-        return None
-    try:
-        return fn(*args)
-    except Exception as err:  # pragma: no cover - no C++ compiler / unsupported platform
-        warnings.warn(f"fused RoPE failed to compile, using eager ops: {err}", RuntimeWarning,
-                      stacklevel=3)
-        _fused_rope["one"] = _fused_rope["pair"] = None
-        return None
 
 
 def precompute_freqs_cis(dim: int, end: int, theta: float = 10000.0) -> torch.Tensor:
@@ -561,40 +325,39 @@ class RotaryEmbedding(nn.Module):
 
     The cache holds ``cos``/``sin`` of the fp32 angles for positions ``0..N-1`` and
     grows (doubling) when a larger position arrives; it is a non-persistent buffer,
-    so it is not saved in ``state_dict`` and follows ``.to(device)``.
+    so it is not saved in ``state_dict`` and follows ``.to(device)``. Casting the
+    module (``.half()``) recomputes the frequencies in float32.
 
     Args:
-        head_dim: features per head ``h_d``.
+        head_dim: features per head ``h_d`` (even).
         base: RoPE base ("theta").
         rotary_dim: features rotated per head (even, <= ``head_dim``); default all.
+            The rest pass through (partial rotary, GPT-NeoX style).
         layout: ``"half"`` (Hugging Face) or ``"interleaved"`` (Meta).
-        scaling: context extension, see :func:`scaled_inv_freq`. Rules that depend on
-            the current length (``"dynamic"``, ``"longrope"``) are re-evaluated at
-            each call for ``seq_len`` = the largest position + 1, as Hugging Face's
-            ``dynamic_rope_update`` does: ``"longrope"`` uses its long factors when
-            ``seq_len > original_max_position``; ``"dynamic"`` grows its base when
-            ``seq_len`` exceeds the largest length seen so far and returns to the
-            original base when ``seq_len < original_max_position``. Keys already
-            in a KV cache keep the angles they were rotated with.
-        p_rope: p-RoPE's ``p`` (Barbero et al., 2025): only the highest fraction
-            ``p`` of the frequencies rotate, the other pairs pass unrotated
-            (:func:`~tutorial_pkg.rope_scaling.p_rope_inv_freq`); ``None`` or 1:
-            all rotate. Applied after ``scaling``.
+        scaling: context extension, see :func:`~tutorial_pkg.rope_scaling.scaled_inv_freq`.
+            Rules that depend on the current length (``"dynamic"``, ``"longrope"``) are
+            re-evaluated at each call for ``seq_len`` = the largest position + 1, as
+            Hugging Face's ``dynamic_rope_update`` does: ``"longrope"`` uses its long
+            factors when ``seq_len > original_max_position``; ``"dynamic"`` grows its
+            base when ``seq_len`` exceeds the largest length seen so far and returns
+            to the original base when ``seq_len < original_max_position``. Keys
+            already in a KV cache keep the angles they were rotated with.
+        p_rope: p-RoPE's ``p`` in ``[0, 1]``: only the highest fraction ``p`` of the
+            frequencies rotate (:func:`~tutorial_pkg.rope_scaling.p_rope_inv_freq`),
+            applied after ``scaling``; ``None``: all rotate.
         max_position: optional hard limit; positions >= it raise ``ValueError``.
-        fused: rotate (half layout, full rotary) with one ``torch.compile``-d
-            kernel that reads ``x`` once and writes the result once (each element
-            computed in float32, rounded once). The eager path needs three
-            passes; on CPU the fused one is ~4x faster for large q/k and within
-            1.3x (float32) / 2x (bfloat16) of copying them (chapter 5).
-            It compiles on first use (seconds; sizes are symbolic, so again only
-            for a new dtype or grad mode, or once more when q and k differ in
-            shape, as with grouped-query attention) and needs a C++ compiler
-            (Triton on GPU); if compiling fails it warns and stays eager. After 8
-            variants PyTorch runs the function uncompiled.
+        fused: rotate (half layout, full rotary) with one ``torch.compile``-d kernel
+            (:func:`~tutorial_pkg.rope_kernels.fused_rope`): compiles on first use and
+            once more per new dtype, grad mode or q/k shape pair; needs a C++ compiler
+            (Triton on GPU), else it warns and stays eager. Equal to the eager path up
+            to rounding (each element computed in float32, rounded once).
 
-    :meth:`rotate` and :meth:`forward` compute what :func:`apply_rope` computes (up
-    to rounding) in three elementwise passes over ``x`` instead of seven: on CPU
-    ~1.5x faster (chapter 5).
+    :meth:`rotate` and :meth:`forward` compute what :func:`apply_rope` computes, up
+    to rounding, with :func:`~tutorial_pkg.rope_kernels.fast_rope` (full rotary).
+
+    Raises:
+        ValueError / TypeError: naming the argument that is out of range or of the
+            wrong type.
     """
 
     def __init__(
@@ -626,7 +389,6 @@ class RotaryEmbedding(nn.Module):
             p_rope_inv_freq(torch.ones(1), p_rope)  # checks p_rope in [0, 1]
             p_rope = float(p_rope)
         self.p_rope = p_rope
-        self._fused_cs: dict = {}  # (dtype, device) -> stacked cos/sin for the fused kernel
         self.register_buffer("inv_freq", torch.empty(0), persistent=False)
         self.register_buffer("cos_cached", torch.empty(0, self.rotary_dim // 2), persistent=False)
         self.register_buffer("sin_cached", torch.empty(0, self.rotary_dim // 2), persistent=False)
@@ -645,24 +407,18 @@ class RotaryEmbedding(nn.Module):
         ``layout`` (``"half"``/``"interleaved"``) overrides the config's. ``kwargs``
         (``max_position``, ``fused``) go to the constructor.
         """
-        from .rope_config import read_rope_config
-
         cfg = read_rope_config(config, layer_type=layer_type, layout=layout)
         return cls(**{**cfg.kwargs(), **kwargs})
 
+    # ----------------------------------------------------------------------- frequencies
     def set_scaling(self, scaling: dict | None) -> None:
         """Change the context-extension rule (e.g. at evaluation time); clears the cache."""
         theta, factor = scaled_inv_freq(
             self.rotary_dim, self.base, scaling, device=self.inv_freq.device
         )
         self.scaling = None if scaling is None else dict(scaling)
-        rule = ROPE_SCALINGS[scaling["type"]] if scaling is not None else None
-        # for a length-dependent rule: the original length, and the length its
-        # current frequencies were computed for (None: the original ones)
-        self._length_rule = None
-        if rule is not None and _depends_on_length(rule):
-            self._length_rule = (scaling["type"], scaling.get("original_max_position"))
-        self._freq_len = None
+        self._follows_length = scaling is not None and depends_on_length(scaling["type"])
+        self._freq_len = None  # the seq_len of the current frequencies (None: original)
         self._set_frequencies(theta, factor)
 
     def _set_frequencies(self, theta: torch.Tensor, attention_factor: float) -> None:
@@ -672,39 +428,33 @@ class RotaryEmbedding(nn.Module):
         self.inv_freq, self.attention_factor = theta.to(device), attention_factor
         self.cos_cached = torch.empty(0, self.rotary_dim // 2, device=device)
         self.sin_cached = torch.empty(0, self.rotary_dim // 2, device=device)
-        self._fused_cs = {}
+
+    def _check_end(self, end: int) -> None:
+        """Raise if ``end`` (the largest position + 1) passes ``max_position``."""
+        if self.max_position is not None and end > self.max_position:
+            raise ValueError(
+                f"positions must be < max_position={self.max_position}, got up to {end - 1}"
+            )
 
     def _follow_length(self, end: int) -> None:
-        """Re-evaluate a length-dependent rule for ``seq_len = end`` (Hugging Face's
-        ``dynamic_rope_update``); nothing for the other rules."""
-        if self._length_rule is None or end <= 0:
+        """Re-evaluate a length-dependent rule once positions up to ``end - 1`` arrive."""
+        if not self._follows_length:
             return
-        kind, original = self._length_rule
-        if kind == "longrope":  # long factors past the original length, short ones up to it
-            current = self._freq_len is not None
-            want = end > original
-            if want != current:
-                self._recompute(end if want else None)
-            return
-        cached = original if self._freq_len is None else self._freq_len
-        if end > cached:  # growth: the base for this length
-            self._recompute(end)
-        elif end < original < cached:  # back under the original length: original base
-            self._recompute(None)
-
-    def _recompute(self, seq_len: int | None) -> None:
-        theta, factor = scaled_inv_freq(self.rotary_dim, self.base, self.scaling,
-                                        seq_len=seq_len, device=self.inv_freq.device)
-        self._set_frequencies(theta, factor)
-        self._freq_len = seq_len
+        seq_len = seq_len_after(self.scaling, end, self._freq_len)
+        if seq_len != self._freq_len:
+            theta, factor = scaled_inv_freq(self.rotary_dim, self.base, self.scaling,
+                                            seq_len=seq_len, device=self.inv_freq.device)
+            self._set_frequencies(theta, factor)
+            self._freq_len = seq_len
 
     def _apply(self, fn, *args, **kwargs):
-        # .half()/.to(torch.bfloat16) would round inv_freq (angle error ~ m * 2**-9 rad)
-        # and the cos/sin cache: recompute the frequencies in float32 after any cast.
+        # .half()/.to(torch.bfloat16) would round inv_freq and the cos/sin cache:
+        # recompute the frequencies in float32 after any cast
         out = super()._apply(fn, *args, **kwargs)
         self.set_scaling(self.scaling)
         return out
 
+    # ----------------------------------------------------------------------- tables
     def _grow(self, n: int, device: torch.device) -> None:
         if self.inv_freq.device != device:
             self.inv_freq = self.inv_freq.to(device)
@@ -712,7 +462,6 @@ class RotaryEmbedding(nn.Module):
         if self.cos_cached.shape[0] >= n:
             return
         size = max(n, 2 * self.cos_cached.shape[0], 256)
-        self._fused_cs = {}
         angles = rope_angles(torch.arange(size, device=device), self.inv_freq)
         self.cos_cached = angles.cos() * self.attention_factor
         self.sin_cached = angles.sin() * self.attention_factor
@@ -721,35 +470,80 @@ class RotaryEmbedding(nn.Module):
         """``cos``/``sin`` (float32, ``(s, rotary_dim/2)``) for positions.
 
         Either ``positions`` (integer tensor ``(s,)``) or ``start`` and ``length``
-        (positions ``start..start+length-1``, served as a slice of the cache).
+        (positions ``start..start+length-1``, served as a view of the cache).
         Explicit positions are read back to size the cache: on a GPU that is a
         synchronisation (:meth:`rotate` and attention never need it).
         """
-        rows = self._rows(positions, start, length)
-        return self.cos_cached[rows], self.sin_cached[rows]
-
-    def _rows(self, positions, start: int, length) -> slice | torch.Tensor:
-        """Check the positions and grow the cache to them; the cache rows to read.
-
-        A slice for ``start``/``length`` (a view, no copy), the checked integer
-        tensor for explicit ``positions`` (the cache moves to its device). Explicit
-        positions are read back to size the cache: a synchronisation on a GPU, so only
-        :meth:`cos_sin` takes this path, never attention (:meth:`_tables`).
-        """
-        device = self.inv_freq.device if positions is None else positions.device
         if positions is None:
             check_positive_int("length", length)
             end = _check_start(start) + length
+            device = self.inv_freq.device
+            rows = slice(start, end)
         else:
-            positions = as_positions("positions", positions)
-            end = int(positions.max()) + 1 if positions.numel() else 0
-        if self.max_position is not None and end > self.max_position:
-            raise ValueError(
-                f"positions must be < max_position={self.max_position}, got up to {end - 1}"
-            )
+            rows = as_positions("positions", positions)
+            end = int(rows.max()) + 1 if rows.numel() else 0
+            device = rows.device
+        self._check_end(end)
         self._follow_length(end)
         self._grow(end, torch.device(device))
-        return slice(start, end) if positions is None else positions
+        return self.cos_cached[rows], self.sin_cached[rows]
+
+    def _angle_tables(self, positions: torch.Tensor, device: torch.device):
+        """float32 ``cos, sin`` of ``positions`` (any shape), built on ``device`` with the
+        same float32 products as the cache (so the same values)."""
+        inv = self.inv_freq.to(device)  # a constant: moved to where the call runs
+        angles = positions.to(inv.dtype)[..., None] * inv
+        cos, sin = angles.cos(), angles.sin()
+        if self.attention_factor != 1:  # (x * 1.0 is x: skip the two passes)
+            cos, sin = cos * self.attention_factor, sin * self.attention_factor
+        return cos, sin
+
+    def _tables(self, x: torch.Tensor, positions, start: int, name: str, check_values: bool):
+        """float32 ``(cos, sin, rows)`` broadcastable to ``x``; ``None`` if ``x`` has no
+        positions. ``rows``: the slice of the cache they are a view of, or ``None``.
+
+        Default positions read a view of the cache (or, for ``x`` on another device,
+        angles built there): nothing read back from the device. Explicit positions
+        ``(s,)`` or ``[b, s]`` become angles directly, which needs no bound on them, as
+        Hugging Face does with ``position_ids``; only ``max_position`` (when
+        ``check_values``) and a length-dependent rule read their maximum back.
+        """
+        self._check(name, x)
+        seq = x.shape[-2]
+        if seq == 0:
+            return None
+        if positions is None:
+            end = _check_start(start) + seq
+            self._check_end(end)
+            self._follow_length(end)
+            if x.device == self.inv_freq.device:
+                self._grow(end, x.device)
+                rows = slice(start, end)  # a view: no copy, nothing read back
+                return self.cos_cached[rows], self.sin_cached[rows], rows
+            return (*self._angle_tables(torch.arange(start, end, device=x.device), x.device),
+                    None)
+        if not isinstance(positions, torch.Tensor):
+            positions = as_positions("positions", positions, device=x.device)
+        if positions.dim() == 1:
+            positions = as_positions("positions", positions) if check_values else positions
+            if positions.numel() != seq:
+                raise ValueError(f"positions must have length s={seq}, got {positions.numel()}")
+            positions = positions.long().to(x.device)
+        elif x.dim() != 4:
+            raise ValueError(
+                f"positions [b, s] need {name} as [b, n_h, s, h_d], got shape {tuple(x.shape)}"
+                f" (pass positions as (s,) for other shapes)"
+            )
+        else:  # one row per sequence, broadcast over heads
+            positions = as_batched_positions("positions", positions, x.shape[0], seq,
+                                             check_values=check_values)[:, None, :].to(x.device)
+        if (self.max_position is not None and check_values) or self._follows_length:
+            # a device synchronisation per call on a GPU: opt-in (plain RoPE has neither)
+            end = int(positions.max()) + 1
+            if check_values:
+                self._check_end(end)
+            self._follow_length(end)
+        return (*self._angle_tables(positions, x.device), None)
 
     def _check(self, name: str, x: torch.Tensor) -> None:
         check_float_tensor(name, x)
@@ -758,116 +552,39 @@ class RotaryEmbedding(nn.Module):
                 f"{name} must be [..., s, head_dim={self.head_dim}], got shape {tuple(x.shape)}"
             )
 
-    def _positions_for(self, x: torch.Tensor, positions, name: str, check_values: bool):
-        """Checked explicit positions for ``x`` ``[b, n_h, s, h_d]``: int64 ``(s,)`` or
-        ``[1 or b, 1, s]`` (one row per sequence, broadcast over heads)."""
-        if positions.dim() == 1:
-            positions = as_positions("positions", positions) if check_values else positions
-            if positions.numel() != x.shape[-2]:
-                raise ValueError(
-                    f"positions must have length s={x.shape[-2]}, got {positions.numel()}"
-                )
-            return positions.long().to(x.device)
-        if x.dim() != 4:
-            raise ValueError(
-                f"positions [b, s] need {name} as [b, n_h, s, h_d], got shape {tuple(x.shape)}"
-                f" (pass positions as (s,) for other shapes)"
-            )
-        batch = x.shape[0]
-        positions = as_batched_positions("positions", positions, batch, x.shape[-2],
-                                         check_values=check_values)
-        return positions[:, None, :].to(x.device)
-
-    def _tables(self, x: torch.Tensor, positions, start: int, name: str, check_values: bool):
-        """float32 ``cos, sin`` broadcastable to ``x``, and the cache rows they came from.
-
-        Default positions (``start + arange(s)``) read a slice of the cache: no copy and
-        nothing read back from the device. Explicit positions are turned into angles
-        directly (the same float32 products as the cache, so the same values), which
-        needs no bound on them and so no device synchronisation, as Hugging Face does
-        with ``position_ids``. Returns None if ``x`` has no positions.
-        """
-        self._check(name, x)
-        if x.shape[-2] == 0:
-            return None
-        if positions is None:
-            if x.device == self.inv_freq.device:
-                rows = self._rows(None, start, x.shape[-2])
-                return self.cos_cached[rows], self.sin_cached[rows], rows
-            # x lives elsewhere than this module: the angles are built on x's device,
-            # from the frequencies moved there, not copied from the cache at every call;
-            # the largest position is known on the host
-            end = _check_start(start) + x.shape[-2]
-            if self.max_position is not None and end > self.max_position:
-                raise ValueError(
-                    f"positions must be < max_position={self.max_position}, got up to {end - 1}"
-                )
-            self._follow_length(end)
-            return (*self._angle_tables(torch.arange(start, end, device=x.device), x.device),
-                    None)
-        if not isinstance(positions, torch.Tensor):
-            positions = as_positions("positions", positions, device=x.device)
-        positions = self._positions_for(x, positions, name, check_values)
-        # the two reads back below are opt-in (max_position, a length-dependent rule);
-        # each is a device synchronisation per call on a GPU, and plain RoPE has neither
-        if self.max_position is not None and check_values:
-            end = int(positions.max()) + 1
-            if end > self.max_position:
-                raise ValueError(
-                    f"positions must be < max_position={self.max_position}, got up to {end - 1}"
-                )
-        if self._length_rule is not None:  # reads the largest position back, as HF does
-            self._follow_length(int(positions.max()) + 1)
-        return (*self._angle_tables(positions, x.device), None)
-
-    def _angle_tables(self, positions: torch.Tensor, device: torch.device):
-        """float32 ``cos, sin`` of ``positions`` (any shape), built on ``device``."""
-        inv = self.inv_freq.to(device)  # a constant: moved to where the call runs
-        angles = positions.to(inv.dtype)[..., None] * inv
-        return angles.cos() * self.attention_factor, angles.sin() * self.attention_factor
-
-    def _fusable(self) -> bool:
-        return self.fused and self.layout == "half" and self.rotary_dim == self.head_dim
-
+    # ----------------------------------------------------------------------- rotation
     def _rotate(self, tables, *xs: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        """Rotate tensors of one dtype and device by the ``(cos, sin, rows)`` of :meth:`_tables`.
-
-        Fused: one compiled call on a stacked ``[..., s, 2, h_d/2]`` cos/sin table in the
-        tensors' dtype. For cache rows, the stacked table is kept per dtype and device
-        (a few hundred KiB), so that a call slices it instead of casting two tables.
-        Otherwise (or if compiling fails) the three-pass eager form on float32 tables.
-        """
+        """Rotate tensors of one dtype and device by the ``(cos, sin, rows)`` of
+        :meth:`_tables`: fused (one compiled call on the stacked tables in their dtype),
+        else the eager kernels (:func:`_rope` for partial rotary)."""
         cos, sin, rows = tables
         x = xs[0]
-        if self._fusable():
-            if rows is None:
-                cs = torch.stack((cos, sin), dim=-2).to(x.dtype)
-            else:
-                key = (x.dtype, x.device)
-                full = self._fused_cs.get(key)
-                if full is None:
-                    full = torch.stack((self.cos_cached, self.sin_cached), dim=-2)
-                    full = self._fused_cs[key] = full.to(x.device, x.dtype)
-                cs = full[rows]
-            out = _call_fused(len(xs) == 2, *xs, cs)
+        if self.fused and self.layout == "half" and self.rotary_dim == self.head_dim:
+            out = fused_rope(torch.stack((cos, sin), dim=-2).to(x.device, x.dtype), *xs)
             if out is not None:
-                return out if len(xs) == 2 else (out,)
+                return out
         cos, sin = cos.to(x.device), sin.to(x.device)
-        return tuple(_apply_rope_fast(t, cos, sin, self.layout) for t in xs)
+        if self.rotary_dim == self.head_dim:
+            return fast_rope(cos, sin, self.layout, *xs)
+        return tuple(_rope(t, cos, sin, self.layout) for t in xs)
 
     def rotate(
         self, x: torch.Tensor, positions=None, *, start: int = 0, check_positions: bool = True
     ) -> torch.Tensor:
-        """Apply RoPE to ``x`` ``[b, n_h, s, h_d]``.
+        """Apply RoPE to ``x`` ``[b, n_h, s, h_d]`` (or ``[..., s, h_d]``).
 
         Args:
-            x: queries or keys ``[b, n_h, s, h_d]`` (or ``[..., s, h_d]``).
+            x: queries or keys, floating point, last axis ``head_dim``.
             positions: ``(s,)`` or ``[b, s]`` integer positions (Hugging Face
-                ``position_ids``); default ``start + arange(s)``.
-            start: first position when ``positions`` is not given.
+                ``position_ids``; ``[b, s]`` needs a 4-D ``x``); default
+                ``start + arange(s)``.
+            start: first position when ``positions`` is not given (int >= 0).
             check_positions: check the values of explicit positions (not negative,
                 below ``max_position``): this reads them back from the device, so
                 attention, which checks them once per forward pass, turns it off.
+
+        Returns:
+            Tensor of ``x``'s shape and dtype.
         """
         tables = self._tables(x, positions, start, "x", check_positions)
         return x if tables is None else self._rotate(tables, x)[0]
@@ -877,8 +594,8 @@ class RotaryEmbedding(nn.Module):
         """Rotate queries and keys; see :meth:`rotate`. Returns ``(q, k)``.
 
         When q and k sit at the same positions (``q_pos is k_pos``, e.g. both
-        ``None``), the tables are built once, and the fused path rotates both in
-        one compiled call.
+        ``None``) and have the same length, the tables are built once, and the fused
+        path rotates both in one compiled call.
         """
         if q_pos is not k_pos or q.shape[-2] != k.shape[-2]:
             return (self.rotate(q, q_pos, start=start, check_positions=check_positions),

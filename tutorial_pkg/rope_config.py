@@ -48,9 +48,15 @@ import dataclasses
 from collections.abc import Mapping
 
 from ._checks import check_choice, check_number
-from .rope import LAYOUTS, scaled_inv_freq
+from .rope_scaling import scaled_inv_freq
 
-__all__ = ["FAMILY_LAYOUTS", "HF_ROPE_TYPES", "RopeConfig", "read_rope_config"]
+__all__ = ["LAYOUTS", "FAMILY_LAYOUTS", "HF_ROPE_TYPES", "RopeConfig", "read_rope_config"]
+
+#: The RoPE pair layouts: ``"half"`` (Hugging Face ``rotate_half``, pairs
+#: ``(x[i], x[i + r/2])``) and ``"interleaved"`` (Meta's complex form, pairs
+#: ``(x[2i], x[2i + 1])``). Defined here, below :mod:`tutorial_pkg.rope` (which
+#: re-exports it), because reading a config must name the layout too.
+LAYOUTS = ("half", "interleaved")
 
 #: The Hugging Face ``rope_type`` values :func:`read_rope_config` reads, each with
 #: its required and optional keys (besides ``rope_type``/``type``, ``rope_theta``
@@ -120,7 +126,7 @@ class RopeConfig:
             (adjacent pairs): the ``layout=`` argument, else ``rope_interleave``, else
             the family's (:data:`FAMILY_LAYOUTS`); never a default.
         scaling: the package's scaling dict (see
-            :func:`~tutorial_pkg.rope.scaled_inv_freq`) or ``None``.
+            :func:`~tutorial_pkg.rope_scaling.scaled_inv_freq`) or ``None``.
         p_rope: the fraction of frequencies that rotate (``"proportional"``), or None.
         rope_type: the Hugging Face ``rope_type`` that was read.
         max_position_embeddings: the config's value, or None if absent.

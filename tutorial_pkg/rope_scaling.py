@@ -28,20 +28,31 @@ float64 and round once to float32.
 itself (p-RoPE, Barbero et al., 2025): only the highest fraction ``p`` of the
 frequencies rotate.
 
-The registry of these rules is :data:`tutorial_pkg.rope.ROPE_SCALINGS`;
-:func:`tutorial_pkg.rope.scaled_inv_freq` applies one by name.
+The registry of these rules is :data:`ROPE_SCALINGS`; :func:`scaled_inv_freq`
+applies one by name, from a dict ``{"type": name, **params}``.
 """
 
 from __future__ import annotations
 
+import inspect
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 
-from ._checks import check_number, check_positive_float, check_positive_int
+from ._checks import (
+    check_choice,
+    check_even,
+    check_number,
+    check_positive_float,
+    check_positive_int,
+)
 
 __all__ = [
+    "ROPE_SCALINGS",
+    "scaled_inv_freq",
+    "depends_on_length",
+    "seq_len_after",
     "no_scaling",
     "linear_scaling",
     "ntk_scaling",
@@ -312,3 +323,111 @@ def p_rope_inv_freq(inv_freq: torch.Tensor, p: float) -> torch.Tensor:
     out[kept:] = 0
     return out
 
+
+
+#: The registry of RoPE scaling rules, by name; each is ``fn(dim, base, **params) ->
+#: (inv_freq, attention_factor)``, and the rules that depend on the current length
+#: (``"dynamic"``, ``"longrope"``) take ``seq_len``. Add an entry to make a new rule
+#: available to :func:`scaled_inv_freq` and :class:`~tutorial_pkg.rope.RotaryEmbedding`.
+ROPE_SCALINGS: dict[str, Callable[..., tuple[torch.Tensor, float]]] = {
+    "none": no_scaling,
+    "linear": linear_scaling,
+    "ntk": ntk_scaling,
+    "dynamic": dynamic_ntk_scaling,
+    "yarn": yarn_scaling,
+    "longrope": longrope_scaling,
+    "llama3": llama3_scaling,
+}
+
+
+def depends_on_length(kind: str) -> bool:
+    """Whether the rule ``ROPE_SCALINGS[kind]`` takes the current length ``seq_len``.
+
+    Raises:
+        ValueError: ``kind`` is not in :data:`ROPE_SCALINGS`.
+    """
+    check_choice("scaling['type']", kind, ROPE_SCALINGS)
+    return "seq_len" in inspect.signature(ROPE_SCALINGS[kind]).parameters
+
+
+def seq_len_after(scaling: dict | None, end: int, current: int | None) -> int | None:
+    """The ``seq_len`` to evaluate a length-dependent rule for, once positions up to
+    ``end - 1`` arrive, given the ``current`` one (``None``: the original length), as
+    Hugging Face's ``dynamic_rope_update`` does.
+
+    ``"longrope"``: ``end`` once it passes ``original_max_position`` (the long factors),
+    ``None`` (the short ones) once back under it. ``"dynamic"`` (and any other rule that
+    takes ``seq_len``): ``end`` when it exceeds the longest length seen so far (the base
+    grows), ``None`` when it falls below ``original_max_position``. Otherwise, and for a
+    rule that does not depend on the length, ``current``: nothing to recompute.
+    """
+    if scaling is None or end <= 0 or not depends_on_length(scaling["type"]):
+        return current
+    original = scaling.get("original_max_position")
+    if scaling["type"] == "longrope":
+        if (end > original) == (current is not None):
+            return current
+        return end if end > original else None
+    if end > (original if current is None else current):
+        return end
+    if current is not None and end < original < current:
+        return None
+    return current
+
+
+def scaled_inv_freq(
+    dim: int,
+    base: float = 10000.0,
+    scaling: dict | None = None,
+    *,
+    seq_len: int | None = None,
+    device=None,
+) -> tuple[torch.Tensor, float]:
+    """Inverse frequencies after a context-extension rule, and its attention factor.
+
+    Args:
+        dim: rotary dimension (even).
+        base: RoPE base.
+        scaling: ``None`` or a dict ``{"type": name, **params}`` with ``name`` in
+            :data:`ROPE_SCALINGS` and the parameters of that rule:
+            ``{"type": "linear", "factor": 4}``,
+            ``{"type": "ntk", "factor": 4}``,
+            ``{"type": "dynamic", "factor": 4, "original_max_position": 2048}``,
+            ``{"type": "yarn", "factor": 4, "original_max_position": 2048}``,
+            ``{"type": "longrope", "short_factor": [...], "long_factor": [...],
+            "original_max_position": 4096, "factor": 32}``,
+            ``{"type": "llama3", "factor": 8, "low_freq_factor": 1,
+            "high_freq_factor": 4, "original_max_position": 8192}``.
+            :func:`~tutorial_pkg.rope_config.read_rope_config` builds it from a
+            Hugging Face config.
+        seq_len: current sequence length, for the rules that depend on it
+            (``"dynamic"``, ``"longrope"``); ignored by the others. ``None``: the
+            original length.
+        device: device of the result.
+
+    Returns:
+        ``(inv_freq (dim // 2,) float32, attention_factor float)``.
+
+    Raises:
+        TypeError: ``scaling`` is not ``None`` nor a dict with a ``"type"`` key.
+        ValueError: an unknown ``"type"``, an unknown or missing parameter, a value
+            the rule rejects, or ``"seq_len"`` inside ``scaling``.
+    """
+    check_even("dim", dim)
+    base = check_positive_float("base", base)
+    if scaling is None:
+        return no_scaling(dim, base, device=device)
+    if not isinstance(scaling, dict) or "type" not in scaling:
+        raise TypeError(f"scaling must be None or a dict with a 'type' key, got {scaling!r}")
+    params = dict(scaling)
+    kind = check_choice("scaling['type']", params.pop("type"), ROPE_SCALINGS)
+    rule = ROPE_SCALINGS[kind]
+    if "seq_len" in params:
+        raise ValueError("scaling must not hold 'seq_len' (the current length is an argument)")
+    if depends_on_length(kind):
+        params["seq_len"] = seq_len
+    try:  # unknown or missing parameter for this rule (a wrong value raises in the rule)
+        inspect.signature(rule).bind(dim, base, device=device, **params)
+    except TypeError as err:
+        raise ValueError(f"scaling parameters for {kind!r} are invalid: {err}") from err
+    return rule(dim, base, device=device, **params)
