@@ -1,29 +1,40 @@
 """tutorial_pkg: positional encodings for Transformers, the companion of the book.
 
-Each module is explained by one chapter:
+Each module is explained by one chapter. A module imports only modules above it in
+this table (the README's "Layout" says why the few files beyond the design's sketch
+exist: ``registry``, the measuring library's parts and the probes' parts).
 
-=================  ==============================================================
-module             chapter
-=================  ==============================================================
-``sinusoidal``     1. Sinusoidal encoding
-``rope``           2. RoPE
-``rope_scaling``   8. Modern recipes (every Hugging Face ``rope_type``, p-RoPE)
-``rope_config``    8. Modern recipes (reading a model's config)
-``alibi``          3. ALiBi
-``encodings``      4. Attention layers (the interface) and 6. Hybrid
-``attention``      4. Attention layers
-``backends``       4. Attention layers (the plan and the four backends) and 5. Benchmarking
-``positions``      4. Attention layers (left padding, packed documents)
-``relative_bias``  8. Modern recipes (T5's learned relative bias)
-``schedules``      8. Modern recipes (NoPE layers, local/global layers)
-``benchmark``      5. Benchmarking
-``data``           7. Length extrapolation (corpus)
-``model``          7. Length extrapolation (tiny LM)
-``experiments``    7. Length extrapolation (training, evaluation)
-``diagnose``       9. Debugging (probes for your own code)
-``hf``             no chapter: load a Hugging Face attention layer (README)
-``plotting``       figures of every chapter
-=================  ==============================================================
+==================  ==============================================================
+module              chapter
+==================  ==============================================================
+``sinusoidal``      1. Sinusoidal encoding
+``rope_scaling``    8. Modern recipes (every Hugging Face ``rope_type``, p-RoPE)
+``rope_config``     8. Modern recipes (reading a model's config; the layout per family)
+``rope_kernels``    2. RoPE and 5. Benchmarking (the fast paths)
+``rope``            2. RoPE (the math and ``RotaryEmbedding``)
+``alibi``           3. ALiBi
+``encodings``       4. Attention layers (the interface) and 6. Hybrid
+``relative_bias``   8. Modern recipes (T5's learned relative bias)
+``schedules``       8. Modern recipes (NoPE layers, local/global layers)
+``registry``        4. Attention layers (encodings by name)
+``positions``       4. Attention layers (left padding, packed documents)
+``masks``           4. Attention layers (the plan and its mask rules)
+``backends``        4. Attention layers (the four backends) and 5. Benchmarking
+``attention``       4. Attention layers
+``hf``              no chapter: load a Hugging Face attention layer (README)
+``model``           7. Length extrapolation (tiny LM)
+``data``            7. Length extrapolation (corpus)
+``experiments``     7. Length extrapolation (training, evaluation)
+``retrieval``       7. Length extrapolation (the copy test)
+``tasks``           6. Hybrid (the synthetic tasks)
+``timing``          5. Benchmarking (timing)
+``memory``          5. Benchmarking (peak and held memory)
+``records``         5. Benchmarking (records, results files, tables)
+``benchmark``       5. Benchmarking (``Case``, ``compare``)
+``diagnose``        9. Debugging (probes for your own code; with ``rope_probes``,
+                    ``kv_cache_check`` and ``reports``)
+``plotting``        figures of every chapter (the ``plot`` extra)
+==================  ==============================================================
 """
 
 from . import backends, diagnose, hf
