@@ -77,3 +77,21 @@ def test_public_api_has_what_readers_use_and_no_backend_internals():
     assert all(not name.startswith("_") for name in tp.__all__)
     assert sorted(set(tp.__all__)) == sorted(tp.__all__)  # no duplicates
     assert all(hasattr(tp, name) for name in tp.__all__)
+
+
+def test_readme_lists_every_module_bottom_to_top():
+    """README's "Layout" lists each module once, and each imports only modules listed above it."""
+    import re
+
+    text = (PACKAGE.parent / "README.md").read_text()
+    block = text[text.index("The package, bottom to top"):text.index("Where this differs")]
+    order = []
+    for line in block.splitlines():
+        m = re.match(r"^([a-z_]+(?:, [a-z_]+)*)(?:\s{2,}|$)", line)
+        if m:
+            order += [n.strip() for n in m.group(1).split(",")]
+    assert sorted(order) == sorted(_modules())
+    pos = {n: i for i, n in enumerate(order)}
+    upward = [(n, m) for n, p in _modules().items() for m in _package_imports(p) - {n}
+              if pos[m] > pos[n]]
+    assert upward == []

@@ -22,15 +22,15 @@ module              chapter
 ``backends``        4. Attention layers (the four backends) and 5. Benchmarking
 ``attention``       4. Attention layers
 ``hf``              no chapter: load a Hugging Face attention layer (README)
+``timing``          5. Benchmarking (timing)
+``memory``          5. Benchmarking (peak and held memory)
+``records``         5. Benchmarking (records, results files, tables)
+``benchmark``       5. Benchmarking (``Case``, ``compare``)
 ``model``           7. Length extrapolation (tiny LM)
 ``data``            7. Length extrapolation (corpus)
 ``experiments``     7. Length extrapolation (training, evaluation)
 ``retrieval``       7. Length extrapolation (the copy test)
 ``tasks``           6. Hybrid (the synthetic tasks)
-``timing``          5. Benchmarking (timing)
-``memory``          5. Benchmarking (peak and held memory)
-``records``         5. Benchmarking (records, results files, tables)
-``benchmark``       5. Benchmarking (``Case``, ``compare``)
 ``diagnose``        9. Debugging (probes for your own code; with ``rope_probes``,
                     ``kv_cache_check`` and ``reports``)
 ``plotting``        figures of every chapter (the ``plot`` extra)
