@@ -12,7 +12,6 @@ from tutorial_pkg import backends
 from tutorial_pkg.alibi import alibi_bias, alibi_slopes
 from tutorial_pkg.attention import MultiHeadAttention
 from tutorial_pkg.encodings import (
-    ENCODINGS,
     ALiBi,
     Hybrid,
     Learned,
@@ -20,9 +19,8 @@ from tutorial_pkg.encodings import (
     PositionEncoding,
     Rotary,
     Sinusoidal,
-    make_encoding,
-    register_encoding,
 )
+from tutorial_pkg.registry import ENCODINGS, make_encoding, register_encoding
 from tutorial_pkg.relative_bias import T5RelativeBias
 from tutorial_pkg.rope import RotaryEmbedding
 from tutorial_pkg.rope_config import read_rope_config
