@@ -861,3 +861,22 @@ def test_head_dim_must_agree_with_the_encoding():
     layer.scale = -1.0
     with pytest.raises(ValueError, match="scale must be a finite number > 0"):
         layer(inputs())
+
+
+def test_transformer_block_takes_a_ready_attention_layer():
+    # the block's own arguments cannot express head_dim, scale or q/k norms: inject the layer
+    torch.manual_seed(0)
+    attn = MultiHeadAttention(D_MODEL, N_HEADS, ALiBi(N_HEADS), head_dim=4, scale=0.3,
+                              q_norm=torch.nn.RMSNorm(4), k_norm=torch.nn.RMSNorm(4))
+    block = TransformerBlock(D_MODEL, N_HEADS, attention=attn)
+    assert block.attn is attn
+    x = torch.randn(2, 5, D_MODEL)
+    want = x + attn(block.norm1(x))
+    want = want + block.mlp(block.norm2(want))
+    torch.testing.assert_close(block(x), want, rtol=0, atol=0)
+    with pytest.raises(ValueError, match="n_heads"):
+        TransformerBlock(D_MODEL, N_HEADS * 2, attention=attn)
+    with pytest.raises(ValueError, match="backend.*window|window.*backend"):
+        TransformerBlock(D_MODEL, N_HEADS, attention=attn, backend="naive", window=3)
+    with pytest.raises(TypeError, match="attention"):
+        TransformerBlock(D_MODEL, N_HEADS, attention=torch.nn.Identity())

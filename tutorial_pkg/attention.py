@@ -450,8 +450,7 @@ class TransformerBlock(nn.Module):
     Pre-norm ``x + f(LN(x))`` keeps an identity path from input to output (the
     layout of GPT-2 and Llama); post-norm ``LN(x + f(x))`` is the original
     Transformer's form and the source articles'. Xiong et al. (2020) analyse the
-    two at initialisation (chapter 4 sums it up in a paragraph); the choice is
-    independent of the position encoding.
+    two at initialisation (chapter 4 sums it up in a paragraph).
 
     Args:
         d_model: model width.
@@ -461,6 +460,12 @@ class TransformerBlock(nn.Module):
         dropout: dropout on attention weights and residual branches.
         norm_first: pre-norm (``True``) or post-norm (``False``).
         causal, backend, n_kv_heads, compile_flex, window: see :class:`MultiHeadAttention`.
+        attention: a ready :class:`MultiHeadAttention` to use instead of building one
+            (for its other options: ``head_dim``, ``scale``, per-projection biases,
+            q/k norms). Its ``d_model`` and ``n_heads`` must match; then ``encoding``,
+            ``causal``, ``backend``, ``n_kv_heads``, ``compile_flex`` and ``window``
+            must be left at their defaults (they are the layer's own), else
+            ``ValueError`` names them.
     """
 
     def __init__(
@@ -477,14 +482,32 @@ class TransformerBlock(nn.Module):
         n_kv_heads: int | None = None,
         compile_flex: bool = True,
         window: int | None = None,
+        attention: MultiHeadAttention | None = None,
     ) -> None:
         super().__init__()
         d_ff = 4 * d_model if d_ff is None else check_positive_int("d_ff", d_ff)
         self.norm_first = bool(norm_first)
-        self.attn = MultiHeadAttention(
-            d_model, n_heads, encoding, causal=causal, backend=backend, dropout=dropout,
-            n_kv_heads=n_kv_heads, compile_flex=compile_flex, window=window,
-        )
+        if attention is None:
+            attention = MultiHeadAttention(
+                d_model, n_heads, encoding, causal=causal, backend=backend, dropout=dropout,
+                n_kv_heads=n_kv_heads, compile_flex=compile_flex, window=window,
+            )
+        else:
+            if not isinstance(attention, MultiHeadAttention):
+                raise TypeError(f"attention must be a MultiHeadAttention, got "
+                                f"{type(attention).__name__}")
+            if (attention.d_model, attention.n_heads) != (d_model, n_heads):
+                raise ValueError(
+                    f"attention has d_model={attention.d_model}, n_heads={attention.n_heads}; "
+                    f"the block has d_model={d_model}, n_heads={n_heads}")
+            given = {"encoding": encoding is not None, "causal": causal is not True,
+                     "backend": backend != "auto", "n_kv_heads": n_kv_heads is not None,
+                     "compile_flex": compile_flex is not True, "window": window is not None}
+            if any(given.values()):
+                raise ValueError(
+                    f"{sorted(k for k, v in given.items() if v)} belong to the attention "
+                    f"layer given as attention: set them on it")
+        self.attn = attention
         self.norm1 = nn.LayerNorm(d_model)
         self.norm2 = nn.LayerNorm(d_model)
         self.mlp = nn.Sequential(nn.Linear(d_model, d_ff), nn.GELU(), nn.Linear(d_ff, d_model))
