@@ -295,3 +295,76 @@ def test_build_model_takes_a_schedule_instance():
     assert [type(b.attn.encoding).__name__ for b in model.blocks] == ["Rotary", "NoPE"]
     with pytest.raises(ValueError, match="encoding_kwargs"):
         build_model(NoPEEvery(8), cfg, {"base": 10.0})
+
+
+# --------------------------------------------------------------------------- fixed targets
+
+from tutorial_pkg.context_eval import (  # noqa: E402
+    all_token_perplexity,
+    evaluate_fixed_targets,
+    fixed_target_windows,
+)
+
+_HELDOUT = torch.arange(5000) % 251  # a deterministic byte stream
+
+
+def test_fixed_target_windows_score_the_same_targets_at_every_length():
+    w = fixed_target_windows(_HELDOUT, (16, 32, 64), target_len=4, n_blocks=5)
+    targets = [y[:, -4:] for _, y in w.values()]
+    for t in targets[1:]:
+        assert torch.equal(t, targets[0])
+    for n, (x, y) in w.items():
+        assert x.shape == y.shape == (5, n)
+        assert torch.equal(x[:, 1:], y[:, :-1])  # y is x shifted by one
+    # the context of the shorter window is the end of the longer one's
+    assert torch.equal(w[16][0], w[64][0][:, -16:])
+
+
+def _context_free_model() -> TinyLM:
+    """NoPE TinyLM with zero attention outputs: each logit depends on its own token only."""
+    model = TinyLM("nope", d_model=16, n_layers=1, n_heads=2, seed=0)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "out_proj" in name or "o_proj" in name:
+                p.zero_()
+    return model
+
+
+def test_a_model_that_ignores_context_gives_the_same_fixed_target_value_at_every_length():
+    records = evaluate_fixed_targets(_context_free_model(), _HELDOUT, 16, (1, 2, 4),
+                                     target_len=4, n_blocks=6)
+    nll = [r["nll"] for r in records]
+    assert all(abs(v - nll[0]) < 1e-6 for v in nll)
+    assert [r["context_len"] for r in records] == [12, 28, 60]
+    r = records[0]
+    assert r["n_tokens"] == 24 and len(r["nll_by_block"]) == 6
+    assert r["ppl_low"] <= r["ppl"] <= r["ppl_high"]
+    # ... while the last-quarter measure of evaluate() scores other tokens at each length
+    quarter = [q["nll_last_quarter"] for q in evaluate(_context_free_model(), _HELDOUT, 16,
+                                                         (1, 2, 4), eval_tokens=384)]
+    assert max(quarter) - min(quarter) > 1e-3
+
+
+def test_all_token_perplexity_equals_evaluate_ppl_all():
+    model = TinyLM("alibi", d_model=16, n_layers=1, n_heads=2, seed=0)
+    ours = all_token_perplexity(model, _HELDOUT, 16, (1, 2), eval_tokens=256)
+    ref = evaluate(model, _HELDOUT, 16, (1, 2), eval_tokens=256)
+    for a, b in zip(ours, ref, strict=True):
+        assert a["ppl"] == pytest.approx(b["ppl_all"], rel=1e-9)
+        assert a["n_tokens"] == b["n_tokens"] and a["n_windows"] == b["n_windows"]
+        assert a["ppl_low"] <= a["ppl"] <= a["ppl_high"]
+
+
+def test_fixed_targets_respect_position_limits_and_check_arguments():
+    learned = TinyLM("learned", d_model=16, n_layers=1, n_heads=2, max_len=16, seed=0)
+    records = evaluate_fixed_targets(learned, _HELDOUT, 16, (1, 2), n_blocks=3)
+    assert records[0]["ppl"] is not None and records[1]["ppl"] is None
+    assert "cannot represent" in records[1]["note"]
+    with pytest.raises(ValueError):
+        fixed_target_windows(_HELDOUT, (4, 16), target_len=8, n_blocks=2)
+    with pytest.raises(ValueError):
+        evaluate_fixed_targets(learned, _HELDOUT, 16, (1,), target_len=32)
+    with pytest.raises(TypeError):
+        evaluate_fixed_targets("model", _HELDOUT, 16)
+    with pytest.raises(ValueError):
+        fixed_target_windows(_HELDOUT[:100], (64,), target_len=4, n_blocks=5)

@@ -29,6 +29,9 @@ module              chapter
 ``model``           7. Length extrapolation (tiny LM)
 ``data``            7. Length extrapolation (corpus)
 ``experiments``     7. Length extrapolation (training, evaluation)
+``stats``           6. Hybrid and 7. Length extrapolation (intervals, paired differences)
+``context_eval``    7. Length extrapolation (the same targets at every length)
+``distributed``     no chapter: training under ``torchrun`` (``benchmarks/README.md``)
 ``retrieval``       7. Length extrapolation (the copy test)
 ``tasks``           6. Hybrid (the synthetic tasks)
 ``diagnose``        9. Debugging (probes for your own code; with ``rope_probes``,

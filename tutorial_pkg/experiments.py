@@ -15,7 +15,11 @@
 
 An encoding that cannot represent a position (:func:`position_limit`) gets ``None``
 perplexities and a ``note`` for those lengths: the run neither crashes nor reports
-numbers it did not measure. The copy test past the training length is
+numbers it did not measure. The last quarter scores different tokens at each length;
+:mod:`tutorial_pkg.context_eval` scores the same targets at every length (only the context
+grows) and all tokens of non-overlapping windows, with bootstrap intervals
+(:mod:`tutorial_pkg.stats`); :mod:`tutorial_pkg.distributed` trains under ``torchrun``
+(DDP). The copy test past the training length is
 :mod:`tutorial_pkg.retrieval`; chapter 6's synthetic tasks are :mod:`tutorial_pkg.tasks`.
 
 Example:
