@@ -129,8 +129,9 @@ class KernelRules:
     flex_backward: bool = False
 
 
-#: The rules per device type (others: ``KernelRules()``, nothing assumed). torch 2.13's
-#: FlexAttention devices (its ``_validate_device``); SDPA's float32 masks on CPU.
+#: What the backends assume per device type; a type not listed gets ``KernelRules()``,
+#: nothing assumed. torch 2.13's FlexAttention devices (its ``_validate_device``) and
+#: SDPA's float32 masks on CPU.
 KERNEL_RULES: dict[str, KernelRules] = {
     "cpu": KernelRules(float32_mask=True, flex=True),
     "mps": KernelRules(flex=True),

@@ -120,18 +120,18 @@ def evaluate_fixed_targets(
     ``model.eval()`` (the previous mode is restored).
 
     Args:
-        model, heldout_ids, train_len, multiples, scaling, batch_tokens, amp,
-            encoding_name: as :func:`~tutorial_pkg.experiments.evaluate`.
+        model, heldout_ids, train_len, multiples, scaling, batch_tokens, amp, encoding_name:
+            as :func:`~tutorial_pkg.experiments.evaluate`.
         target_len: ``T``, scored tokens per block (``<= train_len``).
         n_blocks: target blocks (the bootstrap resamples them).
         seed: seed of the bootstrap.
 
     Returns:
-        One record per multiple: ``encoding``, ``scaling``, ``factor``, ``train_len``,
-        ``eval_len`` (``N``), ``ratio``, ``context_len`` (``N - T``), ``target_len``,
-        ``n_blocks``, ``n_tokens`` (``n_blocks * T``), ``nll``, ``ppl``, ``ppl_low``,
-        ``ppl_high`` (95 % bootstrap over blocks), ``nll_by_block`` (list) and ``note``;
-        the measures are ``None`` where the encoding cannot represent ``N`` positions.
+        A list with a record per multiple, of keys ``encoding``, ``scaling``, ``factor``,
+        ``train_len``, ``eval_len`` (``N``), ``ratio``, ``context_len`` (``N - T``), ``target_len``,
+        ``n_blocks``, ``n_tokens`` (``n_blocks * T``), ``nll``, ``ppl``, ``ppl_low``, ``ppl_high``
+        (95 % bootstrap over blocks), ``nll_by_block`` (list) and ``note``; the measures are
+        ``None`` where the encoding cannot represent ``N`` positions.
     """
     multiples = _prepare(model, train_len, multiples, scaling, batch_tokens, seed)
     t = max(1, train_len // 4) if target_len is None else check_positive_int("target_len",
@@ -193,10 +193,10 @@ def all_token_perplexity(
     shares.
 
     Returns:
-        One record per multiple: ``encoding``, ``scaling``, ``factor``, ``train_len``,
-        ``eval_len``, ``ratio``, ``n_windows``, ``n_tokens``, ``nll``, ``ppl``, ``ppl_low``,
-        ``ppl_high``, ``nll_by_block`` and ``note`` (``None`` measures where ``N`` cannot
-        be represented).
+        A list with a record per multiple, of keys ``encoding``, ``scaling``, ``factor``,
+        ``train_len``, ``eval_len``, ``ratio``, ``n_windows``, ``n_tokens``, ``nll``, ``ppl``,
+        ``ppl_low``, ``ppl_high``, ``nll_by_block`` and ``note`` (``None`` measures where ``N``
+        cannot be represented).
     """
     multiples = _prepare(model, train_len, multiples, scaling, batch_tokens, seed)
     longest = max(multiples) * train_len

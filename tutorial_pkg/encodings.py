@@ -108,7 +108,8 @@ class PositionEncoding(nn.Module):
     learned tensors are not (a copy would not be trained): on another device they raise
     ``ValueError`` naming both devices (:func:`check_learned_device`).
 
-    **Building by name.** :func:`make_encoding` looks the name up in :data:`ENCODINGS`
+    **Building by name.** :func:`~tutorial_pkg.registry.make_encoding` looks the name up in
+    :data:`~tutorial_pkg.registry.ENCODINGS`
     and calls :meth:`build` with the model's sizes; the default :meth:`build` passes
     each size the constructor asks for by name (``d_model``, ``n_heads``,
     ``head_dim``, ``max_len``), so a new encoding needs no code outside its class.
@@ -365,7 +366,7 @@ class Rotary(PositionEncoding):
     def set_scaling(self, scaling: dict | None) -> None:
         """Change the RoPE scaling rule (e.g. at evaluation).
 
-        See :func:`~tutorial_pkg.rope.scaled_inv_freq`.
+        See :func:`~tutorial_pkg.rope_scaling.scaled_inv_freq`.
         """
         self.rope.set_scaling(scaling)
 

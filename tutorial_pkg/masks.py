@@ -12,7 +12,7 @@ A rule is a FlexAttention ``mask_mod``, ``rule(b, h, q_idx, kv_idx) -> bool``, w
 broadcast, so one rule gives the dense mask of index tensors and Flex's mask alike.
 Rules compose with :func:`and_masks`, as in attention-gym:
 
-* :func:`causal_mask`: key slot ``<= `` query slot. Causality is by order in the
+* :func:`causal_mask`: key slot at most the query slot. Causality is by order in the
   sequence, as in Hugging Face models, not by position value.
 * :func:`sliding_window`: ``|i - j| < w``; with causality ``i - w < j <= i``, that is
   ``w`` keys including the query itself (Hugging Face's ``sliding_window_overlay``:

@@ -4,8 +4,8 @@ RoPE rotates each pair of query/key features by an angle proportional to the
 token position, ``m * theta_i`` with ``theta_i = base ** (-2i / d)``, so that
 ``<R_m q, R_n k>`` depends on positions only through ``m - n``.
 
-Two pair layouts exist in real checkpoints (:data:`LAYOUTS`), and mixing them
-silently gives wrong attention scores:
+Two pair layouts exist in real checkpoints (:data:`~tutorial_pkg.rope_config.LAYOUTS`),
+and mixing them silently gives wrong attention scores:
 
 * ``"half"``: pair ``(x[i], x[i + d/2])``. Hugging Face Llama / GPT-NeoX
   (``rotate_half``).
@@ -356,8 +356,8 @@ class RotaryEmbedding(nn.Module):
     to rounding, with :func:`~tutorial_pkg.rope_kernels.fast_rope` (full rotary).
 
     Raises:
-        ValueError / TypeError: naming the argument that is out of range or of the
-            wrong type.
+        ValueError: naming an argument that is out of range.
+        TypeError: naming an argument of the wrong type.
     """
 
     def __init__(
