@@ -91,6 +91,14 @@ _LLAMA3 = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
 _DS_YARN = {"rope_type": "yarn", "factor": 40.0, "original_max_position_embeddings": 4096,
             "beta_fast": 32.0, "beta_slow": 1.0, "rope_theta": 10_000.0}
 
+#: Qwen3-Next: partial_rotary_factor 0.25 (its class default) of head_dim 16, 4 features
+#: rotated, in its full-attention layers (the others are linear attention, without RoPE).
+QWEN3_NEXT = F.Family("qwen3_next", "qwen3_next", "Qwen3NextConfig", "Qwen3NextRotaryEmbedding",
+                      "half", {**F.TINY, "hidden_size": 32, "num_attention_heads": 4,
+                               "num_key_value_heads": 2, "head_dim": 16,
+                               "max_position_embeddings": 16,
+                               "layer_types": ["full_attention"]})
+
 ROPE_CASES = [
     _rope(F.LLAMA, id="llama-default"),
     _rope(F.LLAMA, {"rope_parameters": {"rope_type": "linear", "factor": 4.0,
@@ -133,6 +141,7 @@ ROPE_CASES = [
     _rope(F.GPT_OSS, lengths=(12, 40), id="gpt_oss-yarn32-truncate-false"),
     _rope(F.MISTRAL, id="mistral-default"),
     _rope(F.SMOLLM3, id="smollm3-default"),
+    _rope(QWEN3_NEXT, id="qwen3_next-partial0.25"),
 ]
 
 

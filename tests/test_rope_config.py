@@ -303,3 +303,13 @@ def test_per_layer_config_overrides_of_the_layer_type():
     # overrides that leave RoPE alone do not need a layer type
     kv_only = {**LLAMA31_8B, "per_layer_config": {"0": {"num_key_value_heads": 2}}}
     assert read_rope_config(kv_only) == read_rope_config(LLAMA31_8B)
+
+
+def test_qwen3_next_partial_rotary_from_its_config_class():
+    """Qwen3-Next: partial_rotary_factor 0.25 of head_dim 256 (the class defaults), rotate_half."""
+    transformers = pytest.importorskip("transformers")
+    cls = getattr(transformers, "Qwen3NextConfig", None)
+    if cls is None:
+        pytest.skip(f"transformers {transformers.__version__} has no Qwen3NextConfig")
+    cfg = read_rope_config(cls().to_dict())
+    assert (cfg.head_dim, cfg.rotary_dim, cfg.layout, cfg.p_rope) == (256, 64, "half", None)

@@ -52,7 +52,7 @@ from .rope_scaling import scaled_inv_freq
 
 __all__ = ["LAYOUTS", "FAMILY_LAYOUTS", "HF_ROPE_TYPES", "RopeConfig", "read_rope_config"]
 
-#: The RoPE pair layouts: ``"half"`` (Hugging Face ``rotate_half``, pairs
+#: The two RoPE pair layouts, ``"half"`` (Hugging Face ``rotate_half``, pairs
 #: ``(x[i], x[i + r/2])``) and ``"interleaved"`` (Meta's complex form, pairs
 #: ``(x[2i], x[2i + 1])``). Defined here, below :mod:`tutorial_pkg.rope` (which
 #: re-exports it), because reading a config must name the layout too.
@@ -93,6 +93,7 @@ HF_ROPE_TYPES: dict[str, tuple[frozenset, frozenset]] = {
 FAMILY_LAYOUTS: dict[str, str] = {
     **dict.fromkeys((
         "llama", "mistral", "mixtral", "ministral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe",
+        "qwen3_next",
         "gemma", "gemma2", "gemma3", "gemma3_text", "gemma4", "gemma4_text", "phi", "phi3",
         "phimoe", "gpt_neox", "smollm3", "gpt_oss", "starcoder2", "olmo", "olmo2", "olmoe",
         "granite", "stablelm", "falcon",
