@@ -895,3 +895,115 @@ def test_cli_memory_limit_skips_with_the_reason_and_records_it(tmp_path, capsys)
     assert "skipped" in capsys.readouterr().out
     with pytest.raises(SystemExit):
         bs.main(["--quick", "--device", "cpu", "--memory-limit", "0"])
+
+
+# --------------------------------------------------------------------------- #
+# The spread of a ratio, the L2 flush on a GPU, work per call, the SDPA kernel
+# --------------------------------------------------------------------------- #
+def test_ratio_range_is_the_spread_of_the_round_ratios():
+    rec = _record("a", 2.0)
+    assert rec.ratio_range is None  # no ratio yet
+    rec.ratio, rec.round_ratios = 1.02, [1.04, 0.99, 1.02]
+    assert rec.ratio_range == (0.99, 1.04)
+    rec.round_ratios = [1.02]
+    assert rec.ratio_range is None  # one round has no spread
+    recs = bm.compare({"ref": lambda: None, "b": lambda: sum(range(50))}, "ref", rounds=2,
+                      measure_memory=False, **FAST)
+    lo, hi = recs[1].ratio_range
+    assert lo <= recs[1].ratio <= hi and recs[0].ratio_range == (1.0, 1.0)
+    table = bm.format_table(recs)
+    assert "ratio range" in table and "1.00-1.00" in table
+    assert "ratio range" not in bm.format_table([_record("ref", 1.0)])  # only with rounds
+    # a stored file (no such field) still loads, and its rounds give the range
+    stored = bm.BenchRecord.from_dict({**recs[1].to_dict(), "unknown_future_key": 1})
+    assert stored.ratio_range == recs[1].ratio_range
+
+
+def test_compare_flushes_l2_on_a_cuda_device(monkeypatch):
+    """compare asks time_fn to flush L2 on CUDA (default) and not on a CPU; the CUDA path is
+    rehearsed through the library's public names and torch.cuda's, no GPU needed."""
+    import tutorial_pkg.benchmark as bench
+
+    seen = []
+
+    def fake_time_fn(fn, *, device, flush_l2=False, **kwargs):
+        fn()
+        seen.append((str(device), flush_l2))
+        return bm.Timing.from_times([1.0, 1.0], device=str(device), method="cuda-events")
+
+    monkeypatch.setattr(bench, "time_fn", fake_time_fn)
+    cases = {"ref": lambda: None, "b": lambda: None}
+    bm.compare(cases, "ref", device="cpu", measure_memory=False)
+    assert seen and all(flush is False for _, flush in seen)  # a CPU has no L2 to flush here
+    seen.clear()
+    bm.compare(cases, "ref", device="cpu", measure_memory=False, flush_l2=True)
+    assert all(flush is True for _, flush in seen)  # passed through as given
+    seen.clear()
+    monkeypatch.setattr(bench, "resolve_device", lambda device: torch.device("cuda", 0))
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a, **k: None)
+    recs = bm.compare(cases, "ref", device="cuda", measure_memory=False)
+    assert [r.ok for r in recs] == [True, True]
+    assert seen and all(dev == "cuda:0" and flush is True for dev, flush in seen)
+    seen.clear()
+    bm.compare(cases, "ref", device="cuda", measure_memory=False, flush_l2=False)
+    assert all(flush is False for _, flush in seen)  # warm-cache timing, when asked for
+    with pytest.raises(TypeError, match="flush_l2"):
+        bm.compare(cases, "ref", device="cpu", flush_l2="yes")
+
+
+def test_attention_work_counts_the_flops_of_the_two_products():
+    from torch.utils.flop_counter import FlopCounterMode
+
+    b, h, n, d = 2, 3, 16, 8
+    q = torch.randn(b, h, n, d)
+    with FlopCounterMode(display=False) as counter:  # the naive attention's two matmuls
+        torch.softmax(q @ q.transpose(-2, -1), -1) @ q
+    full = bm.attention_work(b, h, n, n, d, dtype=torch.float32, causal=False)
+    assert full.flops == counter.get_total_flops() == 4 * b * h * n * n * d
+    causal = bm.attention_work(b, h, n, n, d, dtype=torch.float32)
+    assert causal.flops == 4 * b * h * d * n * (n + 1) // 2  # pairs j <= i
+    # a KV-cache chunk of 4 queries against 16 keys, top-left aligned as is_causal is
+    chunk = bm.attention_work(1, 1, 4, 16, d, dtype=torch.float32)
+    assert chunk.flops == 4 * d * (1 + 2 + 3 + 4)
+    assert bm.attention_work(1, 1, 20, 16, d).flops == 4 * d * (16 * 17 // 2 + 4 * 16)
+    # bytes: q, k, v in and out once, in the dtype's width
+    fp16 = bm.attention_work(b, h, n, n, d, dtype=torch.float16)
+    assert fp16.bytes == 2 * 4 * b * h * n * d
+    assert bm.attention_work(b, h, n, n, d, dtype=torch.float32).bytes == 2 * fp16.bytes
+    gqa = bm.attention_work(b, 4, n, n, d, kv_heads=2, dtype=torch.float16)
+    assert gqa.bytes == 2 * (2 * b * 4 * n * d + 2 * b * 2 * n * d) and gqa.flops == 4 / 3 * (
+        causal.flops)
+    train = bm.attention_work(b, h, n, n, d, dtype=torch.float16, backward=True)
+    assert train.flops == 3.5 * fp16.flops
+    assert train.bytes == 2 * (2 + 4) * 2 * b * h * n * d + 2 * b * h * n * 4
+    biased = bm.attention_work(b, h, n, n, d, extra_bytes=2 * h * n * n)
+    assert biased.bytes == fp16.bytes + 2 * h * n * n
+    # rates: 1 TFLOP in 1 s is 1 TFLOP/s
+    tflops, gbs = bm.Work(flops=10**12, bytes=10**9).rates(1000.0)
+    assert math.isclose(tflops, 1.0) and math.isclose(gbs, 1.0)
+    assert math.isclose(bm.Work(flops=300, bytes=2).intensity, 150.0)
+    with pytest.raises(ValueError):
+        bm.Work(1, 1).rates(0.0)
+    with pytest.raises(ValueError, match="kv_heads"):
+        bm.attention_work(1, 4, 8, 8, 8, kv_heads=3)
+    with pytest.raises(ValueError):
+        bm.attention_work(0, 4, 8, 8, 8)
+    with pytest.raises(TypeError):
+        bm.attention_work(1, 4, 8, 8, 8, dtype="float16")
+
+
+def test_sdpa_kernels_names_the_kernel_that_ran():
+    import torch.nn.functional as F
+
+    q = torch.randn(1, 2, 32, 16)
+    bias = torch.zeros(1, 2, 32, 32)
+    assert bm.sdpa_kernels(lambda: F.scaled_dot_product_attention(q, q, q, is_causal=True)) == [
+        "flash (CPU)"]
+    assert bm.sdpa_kernels(lambda: F.scaled_dot_product_attention(q, q, q, attn_mask=bias)) == [
+        "flash (CPU)"]
+    # the silent fallback: a 3-D float mask sends CPU SDPA to the math path
+    assert bm.sdpa_kernels(lambda: F.scaled_dot_product_attention(q, q, q, attn_mask=bias[0])) == [
+        "math"]
+    assert bm.sdpa_kernels(lambda: q @ q.transpose(-2, -1)) == []
+    with pytest.raises(TypeError):
+        bm.sdpa_kernels(None)

@@ -239,7 +239,7 @@ def test_chapter5_live_cells_handle_failed_and_skipped_records(monkeypatch):
     ns = {**_chapter_globals(), "bm": small_gpu, "device": "cpu", "DTYPE": "float32",
           "H": heads, "D": head_dim, "LENGTHS": lengths, "BACKENDS": ["naive", "sdpa", "auto"]}
     (live,) = _chapter_cells("live-suite")
-    exec(live.replace("min_runs=3, max_time_s=0.05", "min_runs=1, max_time_s=0.001"), ns)
+    exec(live.replace("min_runs=2, max_time_s=0.03", "min_runs=1, max_time_s=0.001"), ns)
     records, rec = ns["records"], ns["rec"]
     assert rec("alibi/naive").skipped and "needs about" in rec("alibi/naive").error
     assert rec("alibi/naive", 64).ok and rec("alibi/article").skipped  # its 2048-side buffer

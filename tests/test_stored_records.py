@@ -104,3 +104,24 @@ def test_failing_reports_print_two_significant_digits():
     drift = dg.probe_rope_precision(angles_in_x_dtype, 32, seq_len=1024)
     assert not drift.ok
     assert all(f"{e:.2g}" in str(drift) for _, _, e in drift.buckets), str(drift)
+
+
+def test_recorded_benchmark_runs_carry_their_spread_and_pass_their_control():
+    """Every stored benchmark file loads, every ratio measured in several rounds has its range
+    (what chapter 5 states its conclusions with), and where a group has the A/A control
+    (``nope/sdpa``, the limit's own call) it reads 1 within its spread."""
+    from tutorial_pkg import benchmark as bm
+
+    files = sorted((ROOT / "book" / "data").glob("benchmark_*.json"))
+    assert files
+    for path in files:
+        hardware, records = bm.load_results(path)
+        assert hardware.get("device") and records
+        for r in records:
+            if r.ok and r.ratio is not None and len(r.round_ratios) > 1:
+                low, high = r.ratio_range
+                assert low <= r.ratio <= high, (path.name, r.group, r.case)
+        controls = [r for r in records if r.case == "nope/sdpa" and r.ok and r.ratio_range]
+        for r in controls:
+            low, high = r.ratio_range
+            assert abs(r.ratio - 1) <= high - low < 0.1, (path.name, r.group)

@@ -16,7 +16,13 @@
 * here: :func:`compare` -- several cases measured side by side, in interleaved rounds,
   each related to a named reference (:class:`Case` adds parameters, the bytes a case
   holds between calls, what to free once it is measured, and its expected footprint: a
-  case that would not fit in the device's free memory is skipped with the reason).
+  case that would not fit in the device's free memory is skipped with the reason; on a GPU
+  the L2 cache is flushed before every timed run);
+* here too, for reading a GPU's numbers: :func:`attention_work` (the useful FLOPs and the
+  least memory traffic of one attention call, as a :class:`Work`, whose
+  :meth:`~Work.rates` are TFLOP/s and GB/s to set against the device's peak) and
+  :func:`sdpa_kernels` (which kernel ``scaled_dot_product_attention`` really ran, read
+  from the profiler).
 
 The suites that use it (attention per encoding and backend, RoPE, a training step of the
 tiny LM), their names and command line, and the articles' own code kept as a baseline
@@ -68,8 +74,12 @@ from .timing import Timing, resolve_device, time_fn
 
 __all__ = [
     # here
+    "SDPA_KERNELS",
     "Case",
+    "Work",
+    "attention_work",
     "compare",
+    "sdpa_kernels",
     # timing
     "Timing",
     "resolve_device",
@@ -156,6 +166,7 @@ def compare(
     catch_errors: bool = True,
     memory_limit: int | None = None,
     on_case_done: Callable[[str], Any] | None = None,
+    flush_l2: bool | None = None,
 ) -> list[BenchRecord]:
     """Measure several callables side by side and relate each to a reference.
 
@@ -200,6 +211,11 @@ def compare(
         memory_limit: Bytes the process may use on the device, for the footprint
             check (default: what the device has on CUDA, no check on CPU).
         on_case_done: Called with the case name after each case (progress bars).
+        flush_l2: Passed to :func:`~tutorial_pkg.timing.time_fn`: on a GPU, evict the L2
+            cache before every timed run, so that no case is timed on data the previous
+            run left in L2 (a 50 MB L2 holds a whole small attention call). ``None``
+            (the default) flushes on CUDA devices; ``False`` times warm-cache runs (state
+            it when you report them). No effect on a CPU.
 
     Returns:
         One :class:`~tutorial_pkg.records.BenchRecord` per case, in the order of ``cases``, with
@@ -221,6 +237,10 @@ def compare(
         specs[name] = spec
         case_params[name] = {**(params or {}), **spec.params}
     dev = resolve_device(device)
+    if flush_l2 is None:
+        flush_l2 = dev.type == "cuda"
+    elif not isinstance(flush_l2, bool):
+        raise TypeError(f"flush_l2 must be a bool or None, got {type(flush_l2).__name__}")
     check_positive_int("rounds", rounds)
     # Checked here, not left to time_fn: inside the loop below a bad argument
     # would be caught and recorded as a failure of every case.
@@ -267,7 +287,7 @@ def compare(
                 if round_ and spec.release is not None:
                     n_warm = max(n_warm, 1)
                 t = time_fn(spec.fn, device=dev, warmup=n_warm, min_runs=min_runs,
-                            max_time_s=max_time_s)
+                            max_time_s=max_time_s, flush_l2=flush_l2)
                 samples[name].extend(t.times_ms)
                 round_medians[name].append(t.median_ms)
                 calls[name], method[name] = t.calls_per_run, t.method
@@ -350,3 +370,171 @@ def _after_failure(dev: torch.device) -> None:
             torch.cuda.empty_cache()
         except RuntimeError:  # a sticky CUDA error: the next case will report it too
             pass
+
+
+# --------------------------------------------------------------------------- #
+# Reading a GPU's numbers: work per call, and the kernel that ran
+# --------------------------------------------------------------------------- #
+@dataclass(frozen=True)
+class Work:
+    """The work of one call: useful floating-point operations and least bytes moved.
+
+    Attributes:
+        flops: Floating-point operations the result needs (a multiply-add is 2).
+        bytes: Bytes that must cross device memory at least once (inputs read,
+            outputs written), for a kernel that keeps everything else on chip.
+    """
+
+    flops: int
+    bytes: int
+
+    @property
+    def intensity(self) -> float:
+        """FLOPs per byte: above the device's peak FLOP/s over its peak bytes/s, the call
+        can be compute-bound; below it, memory-bound whatever the kernel does."""
+        return self.flops / self.bytes
+
+    def rates(self, median_ms: float) -> tuple[float, float]:
+        """``(TFLOP/s, GB/s)`` achieved by a call of this work that took ``median_ms``.
+
+        Set them against the device's datasheet peaks (dense 16-bit tensor-core
+        TFLOP/s, memory GB/s): a fused attention kernel near its peak FLOP/s has little
+        left to gain; one far below both peaks is limited by something else (launches,
+        a slow path, a small problem).
+
+        Raises:
+            ValueError: If ``median_ms`` is not a positive number.
+        """
+        check_positive_float("median_ms", median_ms)
+        seconds = median_ms * 1e-3
+        return self.flops / seconds / 1e12, self.bytes / seconds / 1e9
+
+
+def attention_work(
+    batch: int,
+    heads: int,
+    q_len: int,
+    k_len: int,
+    head_dim: int,
+    *,
+    dtype: torch.dtype = torch.float16,
+    causal: bool = True,
+    backward: bool = False,
+    kv_heads: int | None = None,
+    extra_bytes: int = 0,
+) -> Work:
+    """The useful FLOPs and the least memory traffic of one attention call.
+
+    FLOPs: the two matrix products ``q k^T`` and ``weights v``, 2 FLOPs per
+    multiply-add, over the query-key pairs the mask lets through (with ``causal``,
+    query ``i`` sees keys ``0..i``, aligned top-left as ``is_causal=True`` is; a
+    kernel that computes masked tiles does not get credit for them). With
+    ``backward``, forward plus backward: the backward pass recomputes ``q k^T`` and
+    makes four more products of the same size (dq, dk, dv and the weights'
+    gradient), 2.5 times the forward's FLOPs, 3.5 times in all (FlashAttention's
+    count). Softmax and scaling are left out (a few FLOPs per score, on other
+    units).
+
+    Bytes: q, k and v read once and the output written once (forward); with
+    ``backward`` also the output and its gradient read, and dq, dk, dv written; plus
+    the row statistics (log-sum-exp, float32) a fused kernel saves for the backward.
+    That is the least any kernel can move; a path that materialises the scores or
+    reads an ``(H, L, L)`` bias moves more (add it as ``extra_bytes``).
+
+    Args:
+        batch: Batch size.
+        heads: Query heads.
+        q_len: Queries per sequence.
+        k_len: Keys per sequence.
+        head_dim: Width of a head.
+        dtype: Dtype of q, k, v and the output.
+        causal: Count only the pairs a causal mask keeps.
+        backward: Forward and backward instead of forward alone.
+        kv_heads: Key/value heads (grouped-query attention); default ``heads``.
+        extra_bytes: Bytes a path moves beyond the least (a materialised bias).
+
+    Returns:
+        The :class:`Work`.
+
+    Raises:
+        TypeError: If a size is not an int or ``dtype`` not a ``torch.dtype``.
+        ValueError: If a size is not positive or ``kv_heads`` does not divide ``heads``.
+
+    Example:
+        >>> w = attention_work(1, 8, 1024, 1024, 64, dtype=torch.float16, causal=False)
+        >>> w.flops == 4 * 8 * 1024 * 1024 * 64
+        True
+    """
+    for name, value in (("batch", batch), ("heads", heads), ("q_len", q_len),
+                        ("k_len", k_len), ("head_dim", head_dim)):
+        check_positive_int(name, value)
+    kv_heads = heads if kv_heads is None else kv_heads
+    check_positive_int("kv_heads", kv_heads)
+    if heads % kv_heads:
+        raise ValueError(f"kv_heads ({kv_heads}) must divide heads ({heads})")
+    check_nonneg_int("extra_bytes", extra_bytes)
+    if not isinstance(dtype, torch.dtype):
+        raise TypeError(f"dtype must be a torch.dtype, got {type(dtype).__name__}")
+    if causal:  # query i sees min(i + 1, k_len) keys
+        full = min(q_len, k_len)
+        pairs = full * (full + 1) // 2 + max(q_len - k_len, 0) * k_len
+    else:
+        pairs = q_len * k_len
+    fwd_flops = 4 * batch * heads * pairs * head_dim
+    size = torch.empty((), dtype=dtype).element_size()
+    q_elems, kv_elems = batch * heads * q_len * head_dim, batch * kv_heads * k_len * head_dim
+    lse_bytes = batch * heads * q_len * 4
+    if not backward:
+        return Work(fwd_flops, size * (2 * q_elems + 2 * kv_elems) + extra_bytes)
+    # forward: q, k, v in, out and lse out; backward: q, k, v, out, d_out, lse in,
+    # dq, dk, dv out
+    fwd_bytes = size * (2 * q_elems + 2 * kv_elems) + lse_bytes
+    bwd_bytes = size * (4 * q_elems + 4 * kv_elems) + lse_bytes
+    return Work(int(3.5 * fwd_flops), fwd_bytes + bwd_bytes + extra_bytes)
+
+
+#: The ATen operators behind ``scaled_dot_product_attention``'s kernels, by the name
+#: :func:`sdpa_kernels` reports.
+SDPA_KERNELS: dict[str, str] = {
+    "aten::_scaled_dot_product_flash_attention": "flash",
+    "aten::_scaled_dot_product_flash_attention_for_cpu": "flash (CPU)",
+    "aten::_scaled_dot_product_efficient_attention": "memory-efficient",
+    "aten::_scaled_dot_product_cudnn_attention": "cuDNN",
+    "aten::_scaled_dot_product_fused_attention_overrideable": "overrideable",
+    "aten::_scaled_dot_product_attention_math": "math",
+}
+
+
+def sdpa_kernels(fn: Callable[[], Any]) -> list[str]:
+    """Which kernels ``scaled_dot_product_attention`` ran during one call of ``fn``.
+
+    SDPA picks its kernel at run time, from the device, the dtypes, the mask and
+    the shapes, and falls back silently (a 3-D mask on a CPU, a mask of the wrong
+    dtype, FlashAttention on a GPU older than compute capability 8.0). The
+    profiler records the ATen operator it dispatched to; this runs ``fn`` once
+    under :func:`~tutorial_pkg.memory.profiled` and names those operators
+    (:data:`SDPA_KERNELS`). Run ``fn`` once before (warm-up) if its first call does
+    other work. On a GPU the operators are recorded on the host side, so no CUDA
+    activity needs to be profiled.
+
+    Args:
+        fn: Zero-argument callable (e.g. an attention call).
+
+    Returns:
+        The kernels' names, sorted (``["flash (CPU)"]``, ``["math"]``,
+        ``["memory-efficient"]``...); empty if ``fn`` called no SDPA kernel.
+
+    Raises:
+        TypeError: If ``fn`` is not callable.
+
+    Example:
+        >>> q = torch.randn(1, 2, 8, 16)
+        >>> sdpa_kernels(lambda: torch.nn.functional.scaled_dot_product_attention(
+        ...     q, q, q, attn_mask=torch.zeros(2, 8, 8)))  # a 3-D mask
+        ['math']
+    """
+    check_callable("fn", fn)
+    with profiled() as prof:
+        fn()
+    keys = {e.key for e in prof.key_averages()}
+    return sorted(name for op, name in SDPA_KERNELS.items() if op in keys)

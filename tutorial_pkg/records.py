@@ -238,6 +238,19 @@ class BenchRecord:
         return rec
 
     @property
+    def ratio_range(self) -> tuple[float, float] | None:
+        """The lowest and highest per-round ratio (:attr:`round_ratios`), or ``None``.
+
+        The spread of :attr:`ratio` over interleaved rounds: with ``rounds > 1`` each
+        round pairs the case with the reference measured seconds before it, so the range
+        says how far one round's verdict can stray. ``None`` with fewer than two rounds
+        (one ratio has no spread) or when the case has no ratio.
+        """
+        if self.ratio is None or len(self.round_ratios) < 2:
+            return None
+        return float(min(self.round_ratios)), float(max(self.round_ratios))
+
+    @property
     def peak_mib(self) -> float | None:
         """``peak_bytes`` in MiB, or ``None``."""
         return None if self.peak_bytes is None else self.peak_bytes / 2**20
@@ -366,7 +379,8 @@ def format_table(
 
     Parameters shared by every record are printed once above the table; each row
     shows the rest. ``ratio`` is the median over the group's reference median
-    (the reference row shows ``1.00 ref``). ``held MiB`` and ``1st call ms``
+    (the reference row shows ``1.00 ref``). ``ratio range`` (the lowest and highest
+    per-round ratio, :attr:`BenchRecord.ratio_range`), ``held MiB`` and ``1st call ms``
     appear when some record has them. A failed or skipped record prints its error
     (the reason) below it.
 
@@ -399,8 +413,11 @@ def format_table(
         ("runs", lambda r: str(r.n_runs) if r.n_runs else "-"),
         ("ratio", lambda r: "-" if r.ratio is None
          else f"{r.ratio:.2f}" + (" ref" if r.case == r.reference else "")),
-        ("peak MiB", lambda r: "-" if r.peak_mib is None else f"{r.peak_mib:.2f}"),
     ]
+    if any(r.ratio_range is not None for r in records):
+        cols.append(("ratio range", lambda r: "-" if r.ratio_range is None
+                     else "{:.2f}-{:.2f}".format(*r.ratio_range)))
+    cols.append(("peak MiB", lambda r: "-" if r.peak_mib is None else f"{r.peak_mib:.2f}"))
     if any(r.held_bytes is not None for r in records):
         cols.append(("held MiB", lambda r: "-" if r.held_bytes is None
                      else f"{r.held_bytes / 2**20:.2f}"))
