@@ -390,8 +390,11 @@ class Work:
 
     @property
     def intensity(self) -> float:
-        """FLOPs per byte: above the device's peak FLOP/s over its peak bytes/s, the call
-        can be compute-bound; below it, memory-bound whatever the kernel does."""
+        """The arithmetic intensity, FLOPs per byte.
+
+        Above the device's peak FLOP/s over its peak bytes/s the call can be
+        compute-bound; below it, it is memory-bound whatever the kernel does.
+        """
         return self.flops / self.bytes
 
     def rates(self, median_ms: float) -> tuple[float, float]:

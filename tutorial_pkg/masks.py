@@ -180,7 +180,8 @@ class AttentionPlan:
         return max(rows, default=1)
 
     def mask_rule(self, *, padding: bool = True, batch: int | None = None):
-        """The plan's rules composed (:func:`and_masks`), on cache slots; None if no rule.
+        """The plan's rules composed (:func:`~tutorial_pkg.masks.and_masks`), on cache slots; None
+        if no rule.
 
         ``batch`` expands the document ids to that many rows (Flex indexes them by ``b``).
         """
