@@ -144,15 +144,18 @@ def test_peak_memory_counts_bytes_by_dtype(dtype):
 @pytest.mark.parametrize("shape", [(4, 8, 2048, 64), (1, 2, 9000, 64), (3, 5000, 32)])
 def test_default_rope_is_bit_for_bit_the_three_kernel_form(dtype, shape):
     # large CPU inputs without autograd run block by block: the same bits as the plain
-    # three-kernel form x * [cos, cos], then -= x2 sin and += x1 sin in place
+    # three-kernel form x * [cos, cos], then -= x2 sin and += x1 sin in place, computed in
+    # x's dtype for float32/float64 and in float32, rounded once, for 16-bit x
     x = torch.randn(shape).to(dtype)
     rot = tp.RotaryEmbedding(shape[-1])
     cos, sin = rot.cos_sin(start=0, length=shape[-2])
-    c, s = cos.to(dtype), sin.to(dtype)
+    work = torch.promote_types(dtype, torch.float32)
+    xw, c, s = x.to(work), cos.to(work), sin.to(work)
     half = shape[-1] // 2
-    want = x * torch.cat((c, c), dim=-1)
-    want[..., :half].addcmul_(x[..., half:], s, value=-1)
-    want[..., half:].addcmul_(x[..., :half], s)
+    want = xw * torch.cat((c, c), dim=-1)
+    want[..., :half].addcmul_(xw[..., half:], s, value=-1)
+    want[..., half:].addcmul_(xw[..., :half], s)
+    want = want.to(dtype)
     with torch.no_grad():
         assert torch.equal(fast_rope(cos, sin, "half", x)[0], want)
         assert torch.equal(rot.rotate(x), want)  # the default path takes it

@@ -28,6 +28,7 @@ from tutorial_pkg.rope import (
     rotate_half,
     scaled_inv_freq,
 )
+from tutorial_pkg.rope_kernels import fast_rope
 
 PROPERTY = settings(max_examples=25, deadline=None)
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -410,6 +411,91 @@ def test_rotary_fast_path_equals_apply_rope_with_gradients(layout, dtype):
     (g_got,) = torch.autograd.grad(got, x, g)
     (g_want,) = torch.autograd.grad(want, x, g)
     torch.testing.assert_close(g_got, g_want, atol=tol, rtol=tol)
+
+
+def _old_16bit_rope(x, cos, sin):
+    """The default path before issue 25, for 16-bit x: tables rounded to x's dtype,
+    x * [cos, cos] rounded, then -/+ x * sin added and rounded again."""
+    c, s = cos.to(x.dtype), sin.to(x.dtype)
+    half = c.shape[-1]
+    y = x * torch.cat((c, c), dim=-1)
+    y[..., :half].addcmul_(x[..., half:], s, value=-1)
+    y[..., half:].addcmul_(x[..., :half], s)
+    return y
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_16bit_rope_is_computed_in_float32_and_rounded_once(dtype):
+    """16-bit q/k are rotated in float32 with float32 tables and rounded once: at random
+    positions up to 1e5, at least as close to float64 as the old 16-bit form (three
+    roundings) and as Hugging Face's bf16 apply_rotary_pos_emb, and within one ulp of the
+    correctly rounded rotation (equal to it but where float32 cancellation decides)."""
+    d, half = 64, 32
+    gen = torch.Generator().manual_seed(25)
+    pos = torch.randint(0, 100_001, (4096,), generator=gen)
+    x = torch.randn(2, 4, len(pos), d, generator=gen).to(dtype)  # 4 MiB: the blocked path
+    rope = RotaryEmbedding(d)
+    cos, sin = rope.cos_sin(pos)
+    xd, c, s = x.double(), cos.double(), sin.double()
+    x1, x2 = xd[..., :half], xd[..., half:]
+    ref = torch.cat((x1 * c - x2 * s, x2 * c + x1 * s), -1)  # float64 on the same tables
+    exact = float64_rope(x, pos, d)  # float64 angles too
+    with torch.no_grad():
+        new = rope.rotate(x, pos)
+        assert torch.equal(new, fast_rope(cos, sin, "half", x.transpose(0, 1))[0].transpose(0, 1))
+    old = _old_16bit_rope(x, cos, sin)
+    for target in (ref, exact):
+        err_new, err_old = (new.double() - target).abs(), (old.double() - target).abs()
+        assert err_new.max() <= err_old.max() and err_new.pow(2).mean() < err_old.pow(2).mean()
+    from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
+
+    hf = apply_rotary_pos_emb(x, x, torch.cat((cos, cos), -1)[None].to(dtype),
+                              torch.cat((sin, sin), -1)[None].to(dtype))[0]
+    assert (new.double() - ref).abs().max() <= (hf.double() - ref).abs().max()
+    # one rounding: within one ulp of the correctly rounded value, where a result much
+    # smaller than its two terms (cancellation) may also carry float32's error of them
+    rounded = ref.to(dtype)
+    mant = {torch.bfloat16: 7, torch.float16: 10}[dtype]
+    tiny = torch.finfo(dtype).tiny
+    ulp = torch.exp2(torch.floor(torch.log2(rounded.double().abs().clamp_min(tiny))) - mant)
+    terms = torch.cat(((x1 * c).abs() + (x2 * s).abs(), (x2 * c).abs() + (x1 * s).abs()), -1)
+    off = (new.double() - rounded.double()).abs()
+    assert bool((off <= torch.maximum(ulp, 2.0**-22 * terms)).all())
+    assert (off <= ulp).double().mean() > 0.9999
+    assert (new == rounded).double().mean() > 0.999
+    assert (old == rounded).double().mean() < 0.8  # the old form: a third of them off
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_16bit_rope_same_bits_blocked_or_not_and_backward_matches_float32(dtype):
+    rot = RotaryEmbedding(64)
+    x = torch.randn(2, 4, 3000, 64).to(dtype)
+    cos, sin = rot.cos_sin(start=0, length=3000)
+    with torch.no_grad():
+        blocked = rot.rotate(x)
+    xg = x.clone().requires_grad_(True)
+    out = rot.rotate(xg)  # autograd: not block by block
+    assert torch.equal(out.detach(), blocked)
+    g = torch.randn(out.shape).to(dtype)
+    (grad,) = torch.autograd.grad(out, xg, g)
+    x32 = x.float().requires_grad_(True)
+    (grad32,) = torch.autograd.grad(rot.rotate(x32), x32, g.float())
+    # the backward runs in float32 too and rounds once: float32's gradient, rounded
+    assert grad.dtype == dtype
+    torch.testing.assert_close(grad.float(), grad32.to(dtype).float(), rtol=0,
+                               atol=torch.finfo(dtype).eps * grad32.abs().max().item())
+    assert (grad == grad32.to(dtype)).double().mean() > 0.999
+
+
+def test_16bit_rope_function_gradcheck_in_float64():
+    # the ops of the unblocked 16-bit path (_rope_half_upcast), run in float64
+    from tutorial_pkg.rope_kernels import _rope_half_upcast
+
+    rot = RotaryEmbedding(8)
+    cos, sin = (t.double() for t in rot.cos_sin(start=3, length=5))
+    x = randn(2, 5, 8, seed=17, dtype=torch.float64).requires_grad_(True)
+    assert torch.autograd.gradcheck(lambda t: _rope_half_upcast(t, cos, sin), (x,))
+    torch.testing.assert_close(_rope_half_upcast(x, cos, sin), apply_rope(x, cos, sin))
 
 
 def test_rotary_pair_equals_two_rotations():

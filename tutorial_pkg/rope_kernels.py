@@ -12,7 +12,11 @@ check nothing themselves:
   that ``x`` and the output cross memory about once. The interleaved layout in
   float32/float64 is one complex multiplication (Meta's form); otherwise the
   three-kernel form on strided views. In the half layout the result has the same bits
-  whether or not it runs block by block.
+  whether or not it runs block by block. **16-bit** ``x`` (bfloat16, float16) is
+  rotated in float32 with float32 tables (each block upcast, ``x * [cos, cos] +
+  [x2, x1] * [-sin, sin]`` in float32, one rounding to ``x``'s dtype at the end): the
+  exact rotation rounded once, up to float32 error, where rounding the tables and the
+  two partial results to 16 bits (before issue 25) gave up to about 2 ulps.
 * :func:`fused_rope`, opt-in (``RotaryEmbedding(fused=True)``): one
   ``torch.compile``-d kernel for the half layout, each element computed in float32
   and rounded once (so not always the same bits as :func:`fast_rope` in 16-bit dtypes).
@@ -53,7 +57,9 @@ def fast_rope(cos: torch.Tensor, sin: torch.Tensor, layout: str,
         New tensors of the shapes and dtype of ``xs``; they keep autograd (the in-place
         updates touch only the fresh outputs, which no backward formula saved).
     """
-    c, s = cos.to(xs[0].dtype), sin.to(xs[0].dtype)
+    dtype = xs[0].dtype
+    # 16-bit x is computed in float32 (tables too) and rounded once at the end
+    c, s = (t.to(_compute_dtype(dtype)) for t in (cos, sin))
     half = c.shape[-1]
     blocks: dict = {}  # (s, h_d) -> the tables cut into blocks, shared by q and k
     out = []
@@ -65,6 +71,8 @@ def fast_rope(cos: torch.Tensor, sin: torch.Tensor, layout: str,
             if key not in blocks:
                 blocks[key] = _block_tables(x, c, s)
             out.append(_rope_half_blocked(x, *blocks[key]))
+        elif x.dtype != c.dtype:  # 16-bit: the blocked form's ops on all of x at once
+            out.append(_rope_half_upcast(x, c, s))
         else:
             y = x * torch.cat((c, c), dim=-1)
             y[..., :half].addcmul_(x[..., half:], s, value=-1)
@@ -73,7 +81,24 @@ def fast_rope(cos: torch.Tensor, sin: torch.Tensor, layout: str,
     return tuple(out)
 
 
+def _rope_half_upcast(x: torch.Tensor, c: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
+    """``x`` in ``c``'s dtype, ``x * [c, c] + [x2, x1] * [-s, s]`` there, rounded once to
+    ``x``'s dtype: the 16-bit half-layout rotation without blocks (any ``x``, autograd)."""
+    half = c.shape[-1]
+    xf = x.to(c.dtype)
+    y = xf * torch.cat((c, c), dim=-1)
+    y.addcmul_(torch.cat((xf[..., half:], xf[..., :half]), dim=-1), torch.cat((-s, s), dim=-1))
+    return y.to(x.dtype)
+
+
+def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype the rotation is computed in: float32 for 16-bit ``x``, else ``x``'s."""
+    return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
+
+
 def _rope_interleaved(x: torch.Tensor, c: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
+    if x.dtype != c.dtype:  # 16-bit x: in float32 (c, s are), one rounding at the end
+        return _rope_interleaved(x.to(c.dtype), c, s).to(x.dtype)
     half = c.shape[-1]
     pairs = x.unflatten(-1, (half, 2))
     if (
@@ -110,15 +135,16 @@ def _block_tables(x: torch.Tensor, c: torch.Tensor, s: torch.Tensor):
     """``(per_slice, step, cos blocks, sin blocks)`` for :func:`_rope_half_blocked`.
 
     A block is ``per_slice`` whole ``[s, h_d]`` slices of ``x``, or ``step`` positions
-    of one slice, about :data:`BLOCK_BYTES`. Per block the tables are ``[cos, cos]`` and,
-    for 16-bit ``x``, ``[-sin, sin]`` (one ``addcmul_`` over whole rows), else ``sin``.
+    of one slice, about :data:`BLOCK_BYTES` of ``x``. Per block the tables are ``[cos,
+    cos]`` and, for 16-bit ``x`` (tables in float32), ``[-sin, sin]`` (one ``addcmul_``
+    over whole rows), else ``sin``.
     """
     seq, dim = x.shape[-2], x.shape[-1]
     c, s = c.reshape(seq, dim // 2), s.reshape(seq, dim // 2)
     row_bytes = dim * x.element_size()
     per_slice = max(1, BLOCK_BYTES // (seq * row_bytes))
     step = seq if per_slice > 1 else max(1, BLOCK_BYTES // row_bytes)
-    sin_rows = torch.cat((-s, s), dim=-1) if x.element_size() < 4 else s
+    sin_rows = torch.cat((-s, s), dim=-1) if x.dtype != c.dtype else s
     return per_slice, step, torch.cat((c, c), dim=-1).split(step), sin_rows.split(step)
 
 
@@ -127,12 +153,14 @@ def _rope_half_blocked(x: torch.Tensor, per_slice: int, step: int, cos_blocks,
     """The three-kernel half-layout form, block by block into one preallocated output.
 
     Per block: ``out = x * [cos, cos]`` (streams the block from memory), then the sine
-    terms on the block while it is in cache. For 16-bit ``x`` (whose eager kernels
-    are slow per call on strided halves) one ``addcmul_`` over whole rows, ``out +=
-    [x2, x1] * [-sin, sin]``, with the halves swapped into a scratch block; otherwise
-    ``out1 -= x2 sin`` and ``out2 += x1 sin``. Each element gets the same two roundings
-    either way (``x1 * cos``, then ``- x2 * sin`` added in float32, or float64 for
-    float64), so the same bits as the three-kernel form.
+    terms on the block while it is in cache: ``out1 -= x2 sin`` and ``out2 += x1 sin``,
+    each element with the same two roundings as the three-kernel form (``x1 * cos``,
+    then ``- x2 * sin`` added), so the same bits.
+
+    16-bit ``x`` (float32 tables): per block, ``x`` upcast into a float32 scratch block,
+    its halves swapped into a second one, ``xf * [cos, cos]`` and ``+= [x2, x1] * [-sin,
+    sin]`` (one ``addcmul_`` over whole rows) in float32, and one rounding on the copy
+    into the output: the ops of the unblocked 16-bit form, so the same bits.
     """
     seq, dim = x.shape[-2], x.shape[-1]
     half = dim // 2
@@ -145,16 +173,19 @@ def _rope_half_blocked(x: torch.Tensor, per_slice: int, step: int, cos_blocks,
         return groups if n_pos == 1 else [b for g in groups for b in g.split(step, dim=1)]
 
     xs, outs = x.view(-1, seq, dim), out.view(-1, seq, dim)
-    x_blocks, x1_blocks, x2_blocks = blocks(xs), blocks(xs[..., :half]), blocks(xs[..., half:])
-    if x.element_size() < 4:
-        scratch = torch.empty(x_blocks[0].numel(), dtype=x.dtype)
-        for i, (xb, x1, x2, ob) in enumerate(zip(x_blocks, x1_blocks, x2_blocks, blocks(outs),
-                                                 strict=True)):
-            swapped = scratch[: xb.numel()].view(xb.shape)
-            torch.mul(xb, cos_blocks[i % n_pos], out=ob)
-            torch.cat((x2, x1), dim=-1, out=swapped)
-            ob.addcmul_(swapped, sin_blocks[i % n_pos])
+    if x.dtype != cos_blocks[0].dtype:
+        x_blocks = blocks(xs)
+        scratch = torch.empty(2, x_blocks[0].numel(), dtype=cos_blocks[0].dtype)
+        for i, (xb, ob) in enumerate(zip(x_blocks, blocks(outs), strict=True)):
+            xf, swapped = (t[: xb.numel()].view(xb.shape) for t in scratch)
+            xf.copy_(xb)
+            torch.cat((xf[..., half:], xf[..., :half]), dim=-1, out=swapped)
+            xf.mul_(cos_blocks[i % n_pos])
+            xf.addcmul_(swapped, sin_blocks[i % n_pos])
+            ob.copy_(xf)
         return out
+    x1_blocks, x2_blocks = blocks(xs[..., :half]), blocks(xs[..., half:])
+    x_blocks = blocks(xs)
     for i, (xb, x1, x2, ob, o1, o2) in enumerate(zip(
         x_blocks, x1_blocks, x2_blocks, blocks(outs), blocks(outs[..., :half]),
         blocks(outs[..., half:]), strict=True,
