@@ -381,3 +381,55 @@ def test_probe_rope_names_a_de_interleaved_output():
                                                                     [8, 9, 10, 11])
     assert "interleaved, de-interleaved output" in str(report)
 
+
+
+# --------------------------------------------------------------------------- compare_rope
+def _yarn(attention_factor=None):
+    scaling = {"type": "yarn", "factor": 4.0, "original_max_position": 16}
+    if attention_factor is not None:
+        scaling["attention_factor"] = attention_factor
+    return tp.RotaryEmbedding(16, layout="interleaved", scaling=scaling).rotate
+
+
+def test_compare_rope_same_function_is_ok():
+    ref = tp.RotaryEmbedding(32, rotary_dim=16).rotate
+    r = dg.compare_rope(ref, ref, 32)
+    assert r.ok and r.max_output_error <= r.tol and r.magnitude_ratio == pytest.approx(1.0)
+    assert "RopeComparison: OK" in str(r) and "rotates features 0-15 of 32" in str(r)
+
+
+def test_compare_rope_names_the_wrong_slice():
+    ref = tp.RotaryEmbedding(16, rotary_dim=8).rotate
+
+    def last_slice(x):  # rotates features 8-15 instead of 0-7
+        y = ref(torch.cat((x[..., 8:], x[..., :8]), -1))
+        return torch.cat((y[..., 8:], y[..., :8]), -1)
+
+    r = dg.compare_rope(last_slice, ref, 16)
+    assert not r.ok and "wrong slice" in r.problems[0] and "features 8-15" in r.problems[0]
+
+
+def test_compare_rope_names_layout_base_and_scaling():
+    half, inter = (tp.RotaryEmbedding(16, layout=lay).rotate for lay in ("half", "interleaved"))
+    assert "as half; the reference as interleaved" in dg.compare_rope(half, inter, 16).problems[0]
+    other_base = tp.RotaryEmbedding(16, 1e6, layout="interleaved").rotate
+    assert "another base" in dg.compare_rope(other_base, inter, 16).problems[0]
+    r = dg.compare_rope(_yarn(), inter, 16)
+    assert "another scaling of the frequencies" in r.problems[0] and len(r.problems) == 2
+
+
+def test_compare_rope_names_a_dropped_or_doubled_attention_factor():
+    factor = tp.yarn_mscale(4.0)
+    dropped = dg.compare_rope(_yarn(1.0), _yarn(), 16)
+    assert len(dropped.problems) == 1 and "dropped" in dropped.problems[0]
+    assert dropped.magnitude_ratio == pytest.approx(1 / factor, rel=1e-4)
+    twice = dg.compare_rope(_yarn(factor**2), _yarn(), 16)
+    assert len(twice.problems) == 1 and "applied twice" in twice.problems[0]
+
+
+def test_compare_rope_bad_input_names_the_argument():
+    ref = tp.RotaryEmbedding(16).rotate
+    with pytest.raises(TypeError, match="reference"):
+        dg.compare_rope(ref, "not a function", 16)
+    with pytest.raises(ValueError, match="tol"):
+        dg.compare_rope(ref, ref, 16, tol=-1.0)

@@ -12,6 +12,9 @@ noise (``tutorial_pkg/reports.py``).
   judged by the rotation behind the permutation, which the report names.
 * :func:`probe_rope_precision`: how far its output drifts from a float64
   reference with position, in the dtype you run (the bf16-angles bug).
+* :func:`compare_rope`: your RoPE function against a reference (the model's own,
+  or one built from its config): the rotated slice, layout, frequencies and
+  attention factor that differ.
 * :func:`check_kv_cache`: token-by-token decoding against one full forward pass,
   with and without left padding, through an adapter for your model's convention
   (:class:`TutorialAdapter`, :class:`HFAdapter`, or your own).
@@ -53,12 +56,20 @@ from .alibi import alibi_slopes
 from .kv_cache_check import HFAdapter, KVCacheReport, TutorialAdapter, check_kv_cache
 from .reports import Report, first_true, measured
 from .rope import LAYOUTS, apply_rope, half_to_interleaved, interleaved_to_half, inv_freq
-from .rope_probes import PrecisionReport, RopeReport, probe_rope, probe_rope_precision
+from .rope_probes import (
+    PrecisionReport,
+    RopeComparisonReport,
+    RopeReport,
+    compare_rope,
+    probe_rope,
+    probe_rope_precision,
+)
 
 __all__ = [
     "Report", "RopeReport", "PrecisionReport", "KVCacheReport", "MaskingReport", "AlibiReport",
-    "ConversionReport", "TutorialAdapter", "HFAdapter",
-    "probe_rope", "probe_rope_precision", "check_kv_cache", "probe_masking", "probe_alibi",
+    "ConversionReport", "RopeComparisonReport", "TutorialAdapter", "HFAdapter",
+    "probe_rope", "probe_rope_precision", "compare_rope", "check_kv_cache", "probe_masking",
+    "probe_alibi",
     "check_weight_conversion",
 ]
 

@@ -6,6 +6,9 @@
   de-interleaved output) is judged by the rotation behind the permutation.
 * :func:`probe_rope_precision`: how far its output drifts from a float64 reference
   with position, in the dtype you run.
+* :func:`compare_rope`: the same measurements on your function and on a reference
+  (the model's own implementation, or one built from its config), and what differs:
+  the rotated slice, the layout, the frequencies, the attention factor.
 
 Both take any callable ``rope(x) -> rotated x`` on ``[b, n_h, s, h_d]`` (``axes="bshd"``
 for ``[b, s, n_h, h_d]``) with token ``t`` at position ``t``. Both are re-exported by
@@ -31,7 +34,8 @@ from ._checks import (
 from .reports import Report, bound, first_true, measured
 from .rope import LAYOUTS
 
-__all__ = ["RopeReport", "PrecisionReport", "probe_rope", "probe_rope_precision"]
+__all__ = ["RopeReport", "PrecisionReport", "RopeComparisonReport", "probe_rope",
+           "probe_rope_precision", "compare_rope"]
 
 AXES = ("bhsd", "bshd")
 
@@ -442,3 +446,139 @@ def probe_rope_precision(
         f"error exceeds {tol:.3g} from position {first} (max {measured(float(err.max()))}): "
         f"angles or cos/sin computed in low precision?"]
     return PrecisionReport(dtype, tol, buckets, first, problems)
+
+
+# --------------------------------------------------------------------------- comparison
+@dataclass(repr=False)
+class RopeComparisonReport(Report):
+    """What :func:`compare_rope` measured.
+
+    Attributes:
+        rope: :func:`probe_rope`'s report on the function under test.
+        reference: its report on the reference.
+        max_output_error: largest ``|rope(x) - reference(x)|`` on random unit vectors.
+        frequency_error: largest relative difference of the angles per position, pair by
+            pair (``None`` when the pairs differ and cannot be compared).
+        magnitude_ratio: the function's cos/sin magnitude over the reference's (1: same
+            attention factor; 1 / f: a factor f dropped; f: applied once more).
+        tol: tolerance of the output comparison.
+        problems: what differs, in words (empty when ``ok``).
+    """
+
+    rope: RopeReport
+    reference: RopeReport
+    max_output_error: float
+    frequency_error: float | None
+    magnitude_ratio: float
+    tol: float
+    problems: list = field(default_factory=list)
+
+    def _lines(self):
+        r, f = self.rope, self.reference
+
+        def describe(x):
+            base = "-" if x.base is None else f"{x.base:g}"
+            return (f"layout {x.layout}, rotates {_ranges(_rotated(x))} of {x.head_dim}, "
+                    f"base {base}, cos/sin x {x.magnitude:.4g}")
+
+        out = self.max_output_error
+        return [f"yours:     {describe(r)}",
+                f"reference: {describe(f)}",
+                "outputs differ by: " + (f"<= {bound(self.tol)}" if out <= self.tol
+                                         else measured(out))]
+
+
+def _rotated(report: RopeReport) -> list:
+    return sorted({i for pair in report.pairs for i in pair})
+
+
+def _ranges(features: list) -> str:
+    """``[0, 1, 2, 5]`` as ``"0-2, 5"`` (features, for the report)."""
+    if not features:
+        return "none"
+    runs, start = [], features[0]
+    for a, b in zip(features, features[1:] + [None], strict=True):
+        if b != a + 1:
+            runs.append(f"{start}" if start == a else f"{start}-{a}")
+            start = b
+    return "features " + ", ".join(runs)
+
+
+def compare_rope(
+    rope: Callable[[torch.Tensor], torch.Tensor],
+    reference: Callable[[torch.Tensor], torch.Tensor],
+    head_dim: int,
+    *,
+    axes: str = "bhsd",
+    n_heads: int = 1,
+    seq_len: int = 64,
+    dtype: torch.dtype = torch.float32,
+    tol: float | None = None,
+) -> RopeComparisonReport:
+    """Compare a RoPE function with a reference, feature by feature.
+
+    Both are measured by :func:`probe_rope` (same arguments) and called on the same
+    random unit vectors. The report names each difference: which features are rotated
+    (the wrong slice of a partial rotary head), the pair layout (half against
+    interleaved), the angles per position (another base, a scaling rule that should
+    or should not apply), and the factor cos and sin carry (an attention factor
+    dropped, or applied twice). Where the outputs agree within ``tol`` the functions
+    are the same and the report is ``ok``.
+
+    Args:
+        rope: the function under test, ``rope(x) -> rotated x`` as :func:`probe_rope`
+            takes it.
+        reference: the function it must equal (same convention).
+        head_dim, axes, n_heads, seq_len, dtype: as :func:`probe_rope`.
+        tol: tolerance of the output comparison (default ``max(1e-5, 8 eps(dtype))``).
+
+    Returns:
+        A :class:`RopeComparisonReport`.
+
+    Raises:
+        TypeError / ValueError: as :func:`probe_rope`.
+    """
+    check_callable("reference", reference)
+    tol = max(1e-5, 8 * torch.finfo(dtype).eps) if tol is None else (
+        check_positive_float("tol", tol))
+    mine = probe_rope(rope, head_dim, axes=axes, n_heads=n_heads, seq_len=seq_len,
+                      dtype=dtype, tol=tol)
+    ref = probe_rope(reference, head_dim, axes=axes, n_heads=n_heads, seq_len=seq_len,
+                     dtype=dtype, tol=tol)
+    gen = torch.Generator().manual_seed(1)
+    x = torch.randn(4, n_heads, seq_len, head_dim, generator=gen, dtype=torch.float64)
+    x = (x / x.norm(dim=-1, keepdim=True)).to(dtype)
+    with torch.no_grad():
+        out = float((_call_rope(rope, x.clone(), axes).double()
+                     - _call_rope(reference, x.clone(), axes).double()).abs().max())
+
+    problems = []
+    if _rotated(mine) != _rotated(ref):
+        problems.append(f"rotates {_ranges(_rotated(mine))}; the reference rotates "
+                        f"{_ranges(_rotated(ref))} (the wrong slice of a partial rotary head?)")
+    elif mine.pairs != ref.pairs:
+        problems.append(f"pairs the rotated features as {mine.layout}; the reference as "
+                        f"{ref.layout}")
+    freq_error = None
+    if mine.pairs == ref.pairs and mine.frequencies and ref.frequencies:
+        a = torch.tensor(mine.frequencies, dtype=torch.float64)
+        b = torch.tensor(ref.frequencies, dtype=torch.float64)
+        freq_error = float(((a - b).abs() / b.abs().clamp_min(1e-12)).max())
+        if freq_error > 1e-3:
+            what = ("another base" if "not geometric" not in " ".join(mine.notes + ref.notes)
+                    else "another scaling of the frequencies")
+            problems.append(f"angles per position differ by up to {freq_error:.3g} (relative):"
+                            f" {what}")
+    ratio = mine.magnitude / ref.magnitude
+    if abs(ratio - 1) > 1e-3:
+        if abs(mine.magnitude - 1) <= 1e-3:
+            hint = f"the reference's attention factor {ref.magnitude:.4g} dropped?"
+        elif abs(mine.magnitude - ref.magnitude**2) <= 1e-3 * ref.magnitude**2:
+            hint = f"the attention factor {ref.magnitude:.4g} applied twice?"
+        else:
+            hint = "another attention factor"
+        problems.append(f"cos and sin carry {mine.magnitude:.4g}, the reference's "
+                        f"{ref.magnitude:.4g} ({hint})")
+    if out > tol * max(1.0, ref.magnitude) and not problems:
+        problems.append(f"outputs differ by up to {measured(out)}")
+    return RopeComparisonReport(mine, ref, out, freq_error, ratio, tol, problems)
