@@ -285,7 +285,7 @@ def test_encodings_declare_what_attention_reads():
         NoPE(): (None, None, None, False),
         Sinusoidal(8): (None, None, None, False),
         Learned(8, 16): (None, None, 16, False),
-        Rotary(8, max_position=32): (None, 8, 32, True),
+        Rotary(8, max_positions=32): (None, 8, 32, True),
         ALiBi(4): (4, None, None, False),
         Hybrid(8, 4): (4, 8, None, True),
     }
@@ -366,7 +366,7 @@ def test_rotary_takes_a_ready_part_or_rotary_embeddings_arguments():
     assert (by_name.rope.base, by_name.rope.layout) == (500.0, "interleaved")
     config = {"model_type": "llama", "hidden_size": 32, "num_attention_heads": 4,
               "rope_theta": 500.0}
-    from_config = Rotary(read_rope_config(config), max_position=64)
+    from_config = Rotary(read_rope_config(config), max_positions=64)
     assert (from_config.head_dim, from_config.rope.base, from_config.max_positions) == (
         8, 500.0, 64)
     with pytest.raises(TypeError, match="layout"):

@@ -190,7 +190,7 @@ def test_position_limit():
     assert position_limit(build_model("learned", TINY)) == 16
     assert position_limit(build_model("alibi", TINY)) is None
     rope = TinyLM("rope", d_model=32, n_heads=2, n_layers=1,
-                  encoding_kwargs={"max_position": 24})
+                  encoding_kwargs={"max_positions": 24})
     assert position_limit(rope) == 24
 
 

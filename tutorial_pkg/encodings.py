@@ -303,14 +303,14 @@ class Rotary(PositionEncoding):
     read from a model config. Otherwise the arguments are ``RotaryEmbedding``'s,
     positionally or by name, and are documented there only:
     ``Rotary(head_dim, base, rotary_dim=..., layout=..., scaling=..., p_rope=...,
-    max_position=..., fused=...)``.
+    max_positions=..., fused=...)``.
 
     Args:
         rope: a ``RotaryEmbedding``, a :class:`Rotary`, a ``RopeConfig``, or
             ``head_dim`` (an int).
         base: RoPE base ("theta"); ``None``: ``RotaryEmbedding``'s default (10 000).
         **options: the other arguments of ``RotaryEmbedding`` (with a ``RopeConfig``:
-            ``max_position``, ``fused``, or a setting that overrides the config's).
+            ``max_positions``, ``fused``, or a setting that overrides the config's).
 
     Raises:
         TypeError: ``base`` or options given with a ready ``RotaryEmbedding``.
@@ -336,7 +336,7 @@ class Rotary(PositionEncoding):
         else:
             self.rope = RotaryEmbedding(*(() if rope is None else (rope,)), **options)
         self.head_dim = self.rope.head_dim
-        self.max_positions = self.rope.max_position
+        self.max_positions = self.rope.max_positions
 
     @classmethod
     def of(cls, rope, base: float | None = None, **options) -> Rotary:
@@ -353,10 +353,10 @@ class Rotary(PositionEncoding):
 
     def rotate(self, q, k, q_pos, k_pos):
         # attention checked the positions; their values are read back again only to
-        # enforce an optional max_position (a synchronisation per call on a GPU, the
+        # enforce an optional max_positions (a synchronisation per call on a GPU, the
         # price of that opt-in limit). q_pos is k_pos: cos/sin built once
         return self.rope(q, k, q_pos, k_pos,
-                         check_positions=self.rope.max_position is not None)
+                         check_positions=self.rope.max_positions is not None)
 
     @property
     def scaling(self) -> dict | None:
@@ -505,7 +505,7 @@ class Hybrid(PositionEncoding):
             slope), for ``alibi`` given as ``n_heads``.
         **rope_options: the other arguments of
             :class:`~tutorial_pkg.rope.RotaryEmbedding` (``layout``, ``rotary_dim``,
-            ``scaling``, ``max_position``, ``fused``), for ``rotary`` given as ``head_dim``.
+            ``scaling``, ``max_positions``, ``fused``), for ``rotary`` given as ``head_dim``.
 
     Raises:
         TypeError: ``mode`` or ``bias_scale`` with a ready :class:`ALiBi`, or RoPE

@@ -346,7 +346,7 @@ def train(
 def position_limit(model: TinyLM) -> int | None:
     """The number of positions the model's encoding can represent, or ``None`` if unbounded.
 
-    The learned table knows ``max_len`` positions; a RoPE with ``max_position`` set
+    The learned table knows ``max_len`` positions; a RoPE with ``max_positions`` set
     refuses positions past it. Every other encoding accepts any position.
     """
     return model.encoding.max_positions  # declared by the encoding (None: any position)

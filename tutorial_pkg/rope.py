@@ -345,7 +345,7 @@ class RotaryEmbedding(nn.Module):
         p_rope: p-RoPE's ``p`` in ``[0, 1]``: only the highest fraction ``p`` of the
             frequencies rotate (:func:`~tutorial_pkg.rope_scaling.p_rope_inv_freq`),
             applied after ``scaling``; ``None``: all rotate.
-        max_position: optional hard limit; positions >= it raise ``ValueError``.
+        max_positions: optional hard limit; positions >= it raise ``ValueError``.
         fused: rotate (half layout, full rotary) with one ``torch.compile``-d kernel
             (:func:`~tutorial_pkg.rope_kernels.fused_rope`): compiles on first use and
             once more per new dtype, grad mode or q/k shape pair; needs a C++ compiler
@@ -369,7 +369,7 @@ class RotaryEmbedding(nn.Module):
         layout: str = "half",
         scaling: dict | None = None,
         p_rope: float | None = None,
-        max_position: int | None = None,
+        max_positions: int | None = None,
         fused: bool = False,
     ) -> None:
         super().__init__()
@@ -379,8 +379,8 @@ class RotaryEmbedding(nn.Module):
             raise ValueError(f"rotary_dim must be <= head_dim={head_dim}, got {rotary_dim}")
         self.base = check_positive_float("base", base)
         self.layout = check_choice("layout", layout, LAYOUTS)
-        self.max_position = (
-            None if max_position is None else check_positive_int("max_position", max_position)
+        self.max_positions = (
+            None if max_positions is None else check_positive_int("max_positions", max_positions)
         )
         if not isinstance(fused, bool):
             raise TypeError(f"fused must be a bool, got {type(fused).__name__}")
@@ -405,7 +405,7 @@ class RotaryEmbedding(nn.Module):
         does not know, or none); ``layer_type`` picks one entry of a per-layer-type
         ``rope_parameters`` (Gemma 3: ``"full_attention"`` / ``"sliding_attention"``);
         ``layout`` (``"half"``/``"interleaved"``) overrides the config's. ``kwargs``
-        (``max_position``, ``fused``) go to the constructor.
+        (``max_positions``, ``fused``) go to the constructor.
         """
         cfg = read_rope_config(config, layer_type=layer_type, layout=layout)
         return cls(**{**cfg.kwargs(), **kwargs})
@@ -430,10 +430,10 @@ class RotaryEmbedding(nn.Module):
         self.sin_cached = torch.empty(0, self.rotary_dim // 2, device=device)
 
     def _check_end(self, end: int) -> None:
-        """Raise if ``end`` (the largest position + 1) passes ``max_position``."""
-        if self.max_position is not None and end > self.max_position:
+        """Raise if ``end`` (the largest position + 1) passes ``max_positions``."""
+        if self.max_positions is not None and end > self.max_positions:
             raise ValueError(
-                f"positions must be < max_position={self.max_position}, got up to {end - 1}"
+                f"positions must be < max_positions={self.max_positions}, got up to {end - 1}"
             )
 
     def _follow_length(self, end: int) -> None:
@@ -505,7 +505,7 @@ class RotaryEmbedding(nn.Module):
         Default positions read a view of the cache (or, for ``x`` on another device,
         angles built there): nothing read back from the device. Explicit positions
         ``(s,)`` or ``[b, s]`` become angles directly, which needs no bound on them, as
-        Hugging Face does with ``position_ids``; only ``max_position`` (when
+        Hugging Face does with ``position_ids``; only ``max_positions`` (when
         ``check_values``) and a length-dependent rule read their maximum back.
         """
         self._check(name, x)
@@ -537,7 +537,7 @@ class RotaryEmbedding(nn.Module):
         else:  # one row per sequence, broadcast over heads
             positions = as_batched_positions("positions", positions, x.shape[0], seq,
                                              check_values=check_values)[:, None, :].to(x.device)
-        if (self.max_position is not None and check_values) or self._follows_length:
+        if (self.max_positions is not None and check_values) or self._follows_length:
             # a device synchronisation per call on a GPU: opt-in (plain RoPE has neither)
             end = int(positions.max()) + 1
             if check_values:
@@ -580,7 +580,7 @@ class RotaryEmbedding(nn.Module):
                 ``start + arange(s)``.
             start: first position when ``positions`` is not given (int >= 0).
             check_positions: check the values of explicit positions (not negative,
-                below ``max_position``): this reads them back from the device, so
+                below ``max_positions``): this reads them back from the device, so
                 attention, which checks them once per forward pass, turns it off.
 
         Returns:
