@@ -6,7 +6,6 @@ except in one test, which compiles it for one small shape.
 
 from __future__ import annotations
 
-import contextlib
 import warnings
 from unittest import mock
 
@@ -19,6 +18,8 @@ from tutorial_pkg import backends
 from tutorial_pkg.attention import KVCache, MultiHeadAttention, TransformerBlock
 from tutorial_pkg.encodings import ALiBi, Hybrid
 from tutorial_pkg.registry import make_encoding
+
+from .layer_cases import no_fallback
 
 D_MODEL, N_HEADS, N_KV, SEQ = 32, 4, 2, 8
 ENCODINGS = [
@@ -36,15 +37,6 @@ pytestmark = [
     pytest.mark.filterwarnings("ignore:`torch.jit.script_method` is deprecated"),
     pytest.mark.usefixtures("one_thread"),
 ]
-
-
-@contextlib.contextmanager
-def no_fallback():
-    """The backend must really run: a fallback to sdpa (its RuntimeWarning) raises."""
-    with warnings.catch_warnings():
-        warnings.filterwarnings("error", message="flex backend falls back to sdpa",
-                                category=RuntimeWarning)
-        yield
 
 
 def build_encoding(key: str, causal: bool = True, d_model=D_MODEL, n_heads=N_HEADS):
