@@ -18,6 +18,13 @@ needs_flex = pytest.mark.skipif(not HAS_FLEX, reason="FlexAttention unavailable"
 ALL_BACKENDS = ["naive", "sdpa", "auto", pytest.param("flex", marks=needs_flex)]
 RELATIVE = ["nope", "rope", "alibi", "hybrid", "t5"]
 D, H, KV = 32, 4, 2
+#: the marks every layer test module applies (its `pytestmark`)
+LAYER_MARKS = [
+    pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile"),
+    pytest.mark.filterwarnings("ignore:flex backend falls back to sdpa"),
+    pytest.mark.filterwarnings("ignore:`torch.jit.script_method` is deprecated"),
+    pytest.mark.usefixtures("one_thread"),
+]
 
 
 def encoding(key: str, causal: bool = True):

@@ -16,18 +16,14 @@ from tutorial_pkg.registry import make_encoding
 from tutorial_pkg.relative_bias import T5RelativeBias, t5_relative_position_bucket
 
 from .layer_cases import (
+    LAYER_MARKS,
     D,
     H,
     encoding,
     x_of,
 )
 
-pytestmark = [
-    pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile"),
-    pytest.mark.filterwarnings("ignore:flex backend falls back to sdpa"),
-    pytest.mark.filterwarnings("ignore:`torch.jit.script_method` is deprecated"),
-    pytest.mark.usefixtures("one_thread"),
-]
+pytestmark = LAYER_MARKS
 
 
 # --------------------------------------------------------------------------- T5

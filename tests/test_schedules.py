@@ -17,16 +17,12 @@ from tutorial_pkg.schedules import LayerSchedule, LocalGlobal, NoPEEvery, PerLay
 
 from .layer_cases import (
     ALL_BACKENDS,
+    LAYER_MARKS,
     D,
     H,
 )
 
-pytestmark = [
-    pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile"),
-    pytest.mark.filterwarnings("ignore:flex backend falls back to sdpa"),
-    pytest.mark.filterwarnings("ignore:`torch.jit.script_method` is deprecated"),
-    pytest.mark.usefixtures("one_thread"),
-]
+pytestmark = LAYER_MARKS
 
 
 # --------------------------------------------------------------------------- schedules

@@ -21,6 +21,7 @@ from tutorial_pkg.positions import positions_from_documents, positions_from_padd
 from .layer_cases import (
     ALL_BACKENDS,
     KV,
+    LAYER_MARKS,
     RELATIVE,
     D,
     H,
@@ -31,12 +32,7 @@ from .layer_cases import (
     x_of,
 )
 
-pytestmark = [
-    pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile"),
-    pytest.mark.filterwarnings("ignore:flex backend falls back to sdpa"),
-    pytest.mark.filterwarnings("ignore:`torch.jit.script_method` is deprecated"),
-    pytest.mark.usefixtures("one_thread"),
-]
+pytestmark = LAYER_MARKS
 
 
 # --------------------------------------------------------------------------- windows
