@@ -536,7 +536,8 @@ def compare_rope(
         A :class:`RopeComparisonReport`.
 
     Raises:
-        TypeError / ValueError: as :func:`probe_rope`.
+        TypeError: as :func:`probe_rope`.
+        ValueError: as :func:`probe_rope`.
     """
     check_callable("reference", reference)
     tol = max(1e-5, 8 * torch.finfo(dtype).eps) if tol is None else (
