@@ -33,7 +33,10 @@ from __future__ import annotations
 import argparse
 import copy
 import importlib
+import shlex
+import subprocess
 import sys
+import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -644,6 +647,19 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     return _finish_args(build_parser().parse_args([] if argv is None else list(argv)))
 
 
+def _git_commit() -> str | None:
+    """The checkout's commit (with ``+dirty`` for local changes), or ``None`` outside git."""
+    root = Path(__file__).resolve().parents[1]
+    try:
+        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True,
+                              text=True, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"],
+                               cwd=root, capture_output=True, text=True, check=True).stdout
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    return head + ("+dirty" if dirty.strip() else "")
+
+
 def run(argv: Sequence[str] | None = None, *, suite: SuiteFn | None = None
         ) -> list[bm.BenchRecord]:
     """Run a suite, print one table per group, optionally write the JSON results file.
@@ -657,6 +673,7 @@ def run(argv: Sequence[str] | None = None, *, suite: SuiteFn | None = None
     """
     from tqdm import tqdm
 
+    argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
@@ -676,6 +693,8 @@ def run(argv: Sequence[str] | None = None, *, suite: SuiteFn | None = None
         memory_limit = int(args.memory_limit * 2**30)
         _cap_allocator(args.device, memory_limit)
     hardware = bm.hardware_info(args.device)
+    hardware["command"] = shlex.join(["python", "benchmarks/suite.py", *argv])
+    hardware["commit"] = _git_commit()
     hardware["malloc"] = "glibc keeps freed blocks (mmap threshold 32 MiB)" if kept else "default"
     hardware["memory_limit_gib"] = args.memory_limit
     hardware["plan"] = {"dtype": args.dtype, "rope_dtypes": list(args.plan.rope_dtypes),
@@ -683,6 +702,7 @@ def run(argv: Sequence[str] | None = None, *, suite: SuiteFn | None = None
                         "notes": list(args.plan.notes)}
     print(f"{hardware['device_name']} ({hardware['device']}), torch {hardware['torch']}, "
           f"{hardware['num_threads']} threads, load average {hardware['loadavg']}", flush=True)
+    start = time.perf_counter()
     entries = suite(args)
     total = sum(len(e.cases) for e in entries) if isinstance(entries, Sequence) else None
     records: list[bm.BenchRecord] = []
@@ -700,6 +720,7 @@ def run(argv: Sequence[str] | None = None, *, suite: SuiteFn | None = None
             bar.clear()
             print(bm.format_table(group_records) + "\n", flush=True)
     hardware["loadavg_end"] = bm.hardware_info(args.device)["loadavg"]
+    hardware["run_time_s"] = round(time.perf_counter() - start, 1)
     if args.out is not None:
         bm.save_results(records, args.out, hardware)
         print(f"wrote {args.out}")
