@@ -11,15 +11,23 @@ Usage (from the repository root)::
     python benchmarks/extrapolation_seeds.py --merge /tmp/s0.json /tmp/s1.json /tmp/s2.json
 
 Chapter 7 (``--out``, default ``book/data/extrapolation_results.json``): for every seed
-and every encoding (any name registered in ``tutorial_pkg.registry.ENCODINGS``), a
-:class:`~tutorial_pkg.experiments.ExperimentConfig` with that ``seed`` (initial weights
-and batch order) and the sizes of ``--d-model``, ``--n-layers``, ``--steps`` (defaults
-64, 2, 600: smaller than the default config, so that several seeds of every encoding
-fit on a CPU) is trained at ``L`` and evaluated by
-:func:`~tutorial_pkg.experiments.run_extrapolation` at ``L .. 8L`` (RoPE-based
-encodings also with each scaling rule), then by the copy test
-:func:`~tutorial_pkg.retrieval.retrieval_test` and by the mean attention distance of
-queries in the last quarter of ``4L``-token windows.
+and every variant of :data:`VARIANTS` (an encoding name with its options; the scaled
+sinusoidal table is one), a :class:`~tutorial_pkg.experiments.ExperimentConfig` with that
+``seed`` (initial weights and batch order) and the sizes of ``--d-model``, ``--n-layers``,
+``--steps`` (defaults 64, 2, 600: several seeds of every encoding fit on a CPU) is trained
+at ``L`` and evaluated at ``L .. 8L`` (RoPE-based encodings also with each scaling rule):
+
+* ``records``: :func:`~tutorial_pkg.experiments.evaluate` (last quarter and all tokens);
+* ``fixed_targets``: :func:`~tutorial_pkg.context_eval.evaluate_fixed_targets`, the same
+  ``L/4`` targets of ``--target-blocks`` blocks at every length, per-block NLL kept;
+* ``all_tokens``: :func:`~tutorial_pkg.context_eval.all_token_perplexity` on
+  non-overlapping windows up to ``32 L`` (Press et al.'s measure), per-block NLL kept;
+* ``retrieval``: the copy test :func:`~tutorial_pkg.retrieval.retrieval_test`, also on the
+  ``name+copy`` models of ``--copy-encodings``, trained on text in which half of the
+  windows repeat their first ``L/4`` tokens (``copy_fraction``): the positive control;
+* ``attention_distance``: the mean attention distance of queries in ``[L/2, L)`` (inside
+  the training length) and ``[3L, 4L)``;
+* ``training``: the final training loss of every model.
 
 Chapter 6 (``--tasks-out``, default ``book/data/hybrid_results.json``): the accuracy of
 :func:`~tutorial_pkg.tasks.train_task` on both synthetic tasks for every variant
@@ -35,6 +43,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import math
 import re
 import shlex
 import sys
@@ -50,19 +59,39 @@ except ImportError:  # run from a checkout without installing the package
     import tutorial_pkg
 
 from tutorial_pkg.benchmark import hardware_info
+from tutorial_pkg.context_eval import all_token_perplexity, evaluate_fixed_targets
 from tutorial_pkg.data import load_splits
 from tutorial_pkg.encodings import Hybrid
 from tutorial_pkg.experiments import (
     SCALING_TYPES,
     ExperimentConfig,
+    evaluate,
     evaluation_blocks,
-    run_extrapolation,
+    train,
 )
-from tutorial_pkg.registry import ENCODINGS
 from tutorial_pkg.retrieval import copy_distances, retrieval_test
 from tutorial_pkg.tasks import TASKS, train_task
 
-DEFAULT_ENCODINGS = ["nope", "sinusoidal", "learned", "rope", "alibi", "hybrid"]
+#: Chapter 7's variants: label -> (encoding name, encoding kwargs). ``sinusoidal_scaled``
+#: scales the table to the RMS of the token embeddings at initialisation (std 0.02; the
+#: table's RMS is 1/sqrt(2)), as a practitioner would; ``sinusoidal`` is Vaswani's table.
+SINUSOIDAL_SCALE = 0.02 * math.sqrt(2.0)
+VARIANTS = {
+    "nope": ("nope", {}),
+    "sinusoidal": ("sinusoidal", {}),
+    "sinusoidal_scaled": ("sinusoidal", {"scale": SINUSOIDAL_SCALE}),
+    "learned": ("learned", {}),
+    "rope": ("rope", {}),
+    "alibi": ("alibi", {}),
+    "hybrid": ("hybrid", {}),
+}
+DEFAULT_ENCODINGS = list(VARIANTS)
+#: The copy test's positive control: these encodings are also trained on text in which
+#: a fraction COPY_FRACTION of the windows repeat their first L/4 tokens (label "name+copy").
+DEFAULT_COPY_ENCODINGS = ["nope", "rope", "alibi", "hybrid"]
+COPY_FRACTION = 0.5
+#: All-token perplexity on non-overlapping windows (Press et al.'s measure), to 32 L.
+ALL_TOKEN_MULTIPLES = (1, 2, 4, 8, 16, 32)
 
 #: chapter 6's variants: label -> (encoding name or factory, encoding kwargs)
 TASK_VARIANTS = {
@@ -75,18 +104,32 @@ TASK_VARIANTS = {
 }
 
 
-def mean_attention_distance(model, heldout_ids, train_len, n_windows=8):
-    """Mean over windows, layers and heads of sum_j w_ij (i - j), queries in [3L, 4L)."""
-    n = 4 * train_len
+def mean_attention_distance(model, heldout_ids, query_range, n_windows=8):
+    """Mean over windows, layers and heads of sum_j w_ij (i - j), queries in ``query_range``.
+
+    The windows are ``query_range[1]`` tokens long (the shortest that holds the queries).
+    """
+    lo, n = query_range
     x, _ = evaluation_blocks(heldout_ids, n, n_windows * n)
     dist = (torch.arange(n)[:, None] - torch.arange(n)[None, :]).clamp(min=0).float()
-    past = slice(3 * train_len, 4 * train_len)
     per_layer = []
     for k in range(model.n_layers):
         w = model.attention_weights(x.to(next(model.parameters()).device), layer=k).cpu()
-        per_layer.append((w * dist).sum(-1)[..., past].mean(dim=(0, 2)))  # (H,)
+        per_layer.append((w * dist).sum(-1)[..., lo:n].mean(dim=(0, 2)))  # (H,)
     per_head = torch.stack(per_layer).mean(0)
     return per_head.mean().item(), per_head.tolist()
+
+
+def _rounded(record, key="nll_by_block", digits=5):
+    if record.get(key) is not None:  # per-block values: enough digits for any interval
+        record[key] = [round(v, digits) for v in record[key]]
+    return record
+
+
+def variant_config(base, label):
+    """The config of a variant: ``+copy`` labels train with copies (the positive control)."""
+    return dataclasses.replace(base, copy_fraction=COPY_FRACTION) if label.endswith(
+        "+copy") else base
 
 
 def run_chapter7(args, device):
@@ -97,29 +140,58 @@ def run_chapter7(args, device):
         warmup=2, eval_tokens=512, eval_batch_tokens=512, device=device)
     L = base.train_len
     seg = L // 4
+    base = dataclasses.replace(base, copy_len=seg)
     distances = copy_distances(L, seg)
-    records, retrieval, distance = [], [], []
+    n_blocks = 8 if args.quick else args.target_blocks
+    labels = list(args.encodings) + [f"{name}+copy" for name in args.copy_encodings]
+    out = {key: [] for key in ("records", "fixed_targets", "all_tokens", "retrieval",
+                               "attention_distance", "training")}
     for seed in args.seeds:
-        cfg = dataclasses.replace(base, seed=seed)
         t0 = time.perf_counter()
-        models = {}
-        recs = run_extrapolation(args.encodings, cfg, args.scalings, train_ids=train_ids,
-                                 heldout_ids=heldout_ids, models=models, progress=False,
-                                 encoding_kwargs=args.encoding_kwargs)
-        for r in recs:
-            records.append({"seed": seed, **r})
-        for name, (model, _) in models.items():
+        for label in labels:
+            name, kwargs = VARIANTS[label.removesuffix("+copy")]
+            cfg = dataclasses.replace(variant_config(base, label), seed=seed)
+            model, losses = train(name, cfg, train_ids, encoding_kwargs=kwargs or None,
+                                  progress=False)
+            tail = losses[-max(1, len(losses) // 10):]
+            out["training"].append({"seed": seed, "encoding": label,
+                                    "copy_fraction": cfg.copy_fraction,
+                                    "final_train_loss": sum(tail) / len(tail)})
             for r in retrieval_test(model, heldout_ids, distances, segment_len=seg,
-                                    n_trials=args.trials, encoding_name=name):
-                retrieval.append({"seed": seed, "train_len": L, **r})
-            if name != "learned":  # the learned table cannot read 4L tokens
-                mean, heads = mean_attention_distance(model, heldout_ids, L)
-                distance.append({"seed": seed, "encoding": name, "train_len": L,
-                                 "query_range": [3 * L, 4 * L], "mean_distance": mean,
-                                 "per_head": heads})
-        print(f"seed {seed}: {len(args.encodings)} encodings in "
-              f"{time.perf_counter() - t0:.0f} s", flush=True)
-    return base, records, retrieval, distance
+                                    n_trials=args.trials, encoding_name=label):
+                out["retrieval"].append({"seed": seed, "train_len": L, **r})
+            if label.endswith("+copy"):
+                continue  # the positive control is for the copy test only
+            rules = [None] + (list(args.scalings) if model.encoding.supports_scaling else [])
+            for rule in rules:
+                for r in evaluate(model, heldout_ids, L, cfg.eval_multiples, rule,
+                                  eval_tokens=cfg.eval_tokens,
+                                  batch_tokens=cfg.eval_batch_tokens, encoding_name=label):
+                    out["records"].append({"seed": seed, **r,
+                                           "final_train_loss": sum(tail) / len(tail)})
+                for r in evaluate_fixed_targets(model, heldout_ids, L, cfg.eval_multiples, rule,
+                                                target_len=seg, n_blocks=n_blocks,
+                                                batch_tokens=cfg.eval_batch_tokens,
+                                                encoding_name=label):
+                    out["fixed_targets"].append({"seed": seed, **_rounded(r)})
+            for r in all_token_perplexity(model, heldout_ids, L, ALL_TOKEN_MULTIPLES,
+                                          eval_tokens=max(ALL_TOKEN_MULTIPLES) * L * (
+                                              2 if args.quick else args.all_token_blocks),
+                                          batch_tokens=cfg.eval_batch_tokens,
+                                          encoding_name=label):
+                out["all_tokens"].append({"seed": seed, **_rounded(r)})
+            for query_range in ((L // 2, L), (3 * L, 4 * L)):
+                if model.encoding.max_positions is not None and query_range[1] > (
+                        model.encoding.max_positions):
+                    continue  # the learned table cannot read past L
+                mean, heads = mean_attention_distance(model, heldout_ids, query_range)
+                out["attention_distance"].append({
+                    "seed": seed, "encoding": label, "train_len": L,
+                    "query_range": list(query_range), "mean_distance": mean,
+                    "per_head": heads})
+        print(f"seed {seed}: {len(labels)} models in {time.perf_counter() - t0:.0f} s",
+              flush=True)
+    return base, out
 
 
 def run_chapter6(args, device):
@@ -137,12 +209,16 @@ def run_chapter6(args, device):
     return records
 
 
+CH7_KEYS = ("records", "fixed_targets", "all_tokens", "retrieval", "attention_distance",
+            "training")
+
+
 def merge(paths, out):
     """Combine chapter-7 files of single seeds (same configuration) into one file."""
     parts = [json.loads(Path(p).read_text()) for p in paths]
     first = parts[0]
     for part in parts[1:]:
-        for key in ("config", "encodings", "rope_scalings"):
+        for key in ("config", "encodings", "copy_encodings", "rope_scalings"):
             if part[key] != first[key]:
                 raise SystemExit(f"cannot merge: {key} differs between {paths[0]} and another file")
     seeds = [s for part in parts for s in part["seeds"]]
@@ -158,7 +234,7 @@ def merge(paths, out):
                "run_time_s": max(part["run_time_s"] for part in parts),
                "run_time_note": "the seeds ran as parallel processes: wall time of the slowest",
                "cpu_time_s": sum(part.get("cpu_time_s", 0.0) for part in parts)}
-    for key in ("records", "retrieval", "attention_distance"):
+    for key in CH7_KEYS:
         payload[key] = [r for part in parts for r in part[key]]
     Path(out).write_text(json.dumps(payload, indent=1) + "\n")
     print(f"merged {len(parts)} files ({len(seeds)} seeds) into {out}")
@@ -167,15 +243,20 @@ def merge(paths, out):
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--encodings", nargs="+", default=DEFAULT_ENCODINGS,
-                        help=f"names from ENCODINGS ({', '.join(ENCODINGS)})")
+                        help=f"chapter 7's variants ({', '.join(VARIANTS)})")
+    parser.add_argument("--copy-encodings", nargs="*", default=DEFAULT_COPY_ENCODINGS,
+                        help="variants also trained with copies (the copy test's positive "
+                             "control)")
+    parser.add_argument("--target-blocks", type=int, default=256,
+                        help="target blocks of the fixed-target evaluation")
+    parser.add_argument("--all-token-blocks", type=int, default=8,
+                        help="blocks of 32 L tokens of the all-token perplexity")
     parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     parser.add_argument("--scalings", nargs="*", default=list(SCALING_TYPES))
     parser.add_argument("--d-model", type=int, default=64, help="model width")
     parser.add_argument("--n-layers", type=int, default=2, help="Transformer blocks")
     parser.add_argument("--steps", type=int, default=600, help="training steps per model")
     parser.add_argument("--trials", type=int, default=64, help="copy-test windows per distance")
-    parser.add_argument("--encoding-kwargs", type=json.loads, default=None, metavar="JSON",
-                        help='options per encoding name, e.g. \'{"irope": {"every": 2}}\'')
     parser.add_argument("--task-seeds", nargs="+", type=int, default=[0, 1, 2, 3, 4])
     parser.add_argument("--skip-tasks", action="store_true", help="chapter 7's part only")
     parser.add_argument("--skip-extrapolation", action="store_true", help="chapter 6's only")
@@ -190,12 +271,9 @@ def main(argv=None):
     if args.merge:
         merge(args.merge, args.out)
         return
-    for name in args.encodings:
-        if name not in ENCODINGS:
-            parser.error(f"unknown encoding {name!r}; registered: {', '.join(ENCODINGS)}")
-    for name in args.encoding_kwargs or {}:
-        if name not in args.encodings:
-            parser.error(f"--encoding-kwargs names {name!r}, which is not in --encodings")
+    for name in [*args.encodings, *args.copy_encodings]:
+        if name not in VARIANTS:
+            parser.error(f"unknown variant {name!r}; known: {', '.join(VARIANTS)}")
     if len(set(args.seeds)) != len(args.seeds) or len(set(args.task_seeds)) != len(
             args.task_seeds):
         parser.error("seeds must not repeat")
@@ -208,20 +286,23 @@ def main(argv=None):
 
     if not args.skip_extrapolation:
         t0, c0 = time.perf_counter(), time.process_time()
-        cfg, records, retrieval, distance = run_chapter7(args, args.device)
+        cfg, results = run_chapter7(args, args.device)
         payload = {
-            "description": "Chapter 7: held-out perplexity (per byte) by evaluation length, "
-                           "copy test and attention distance, several training seeds",
+            "description": "Chapter 7: held-out perplexity (per byte) by evaluation length "
+                           "(last quarter, fixed targets, all tokens), copy test with a "
+                           "positive control and attention distance, several training seeds",
             **common, "run_time_s": time.perf_counter() - t0,
             "cpu_time_s": time.process_time() - c0,
             "config": {k: v for k, v in cfg.to_dict().items() if k != "seed"},
             "seeds": args.seeds, "encodings": args.encodings,
-            "rope_scalings": args.scalings, "encoding_kwargs": args.encoding_kwargs or {},
-            "records": records, "retrieval": retrieval,
-            "attention_distance": distance,
+            "copy_encodings": args.copy_encodings, "copy_fraction": COPY_FRACTION,
+            "variants": {k: {"encoding": VARIANTS[k][0], "kwargs": VARIANTS[k][1]}
+                         for k in args.encodings},
+            "rope_scalings": args.scalings, "all_token_multiples": list(ALL_TOKEN_MULTIPLES),
+            **results,
         }
         Path(args.out).write_text(json.dumps(payload, indent=1) + "\n")
-        print(f"wrote {args.out}: {len(records)} records, {payload['run_time_s']:.0f} s")
+        print(f"wrote {args.out}: {len(results['records'])} records, {payload['run_time_s']:.0f} s")
 
     if not args.skip_tasks:
         t0 = time.perf_counter()

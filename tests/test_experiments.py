@@ -368,3 +368,42 @@ def test_fixed_targets_respect_position_limits_and_check_arguments():
         evaluate_fixed_targets("model", _HELDOUT, 16)
     with pytest.raises(ValueError):
         fixed_target_windows(_HELDOUT[:100], (64,), target_len=4, n_blocks=5)
+
+
+def test_copy_fraction_repeats_the_first_tokens_and_keeps_the_text(ids):
+    cfg = ExperimentConfig(**{**TINY.to_dict(), "steps": 6, "batch_size": 64})
+    copy_cfg = ExperimentConfig(**{**cfg.to_dict(), "copy_fraction": 0.5, "copy_len": 4})
+    plain = list(training_batches(ids[0], cfg))
+    copied = list(training_batches(ids[0], copy_cfg))
+    assert len(copied) == len(plain) == 6
+    s, n_rows, n_copied = 4, 0, 0
+    for (xp, yp), (xc, yc) in zip(plain, copied, strict=True):
+        assert torch.equal(xc[:, 1:], yc[:, :-1])  # still a shifted window
+        wp = torch.cat([xp, yp[:, -1:]], 1)
+        wc = torch.cat([xc, yc[:, -1:]], 1)
+        for row in range(wp.shape[0]):
+            n_rows += 1
+            changed = (wp[row] != wc[row]).nonzero().flatten()
+            if torch.equal(wp[row], wc[row]):
+                continue  # not copied (or the copy equals the text already)
+            n_copied += 1
+            d = int(changed.min())
+            # the only change is a copy of the first s tokens at some d in [s, L + 1 - s]
+            starts = [k for k in range(s, wp.shape[1] - s + 1)
+                      if torch.equal(wc[row, k:k + s], wc[row, :s])
+                      and k <= d < k + s and int(changed.max()) < k + s]
+            assert starts, f"row {row}: a change that is not a copy of the first {s} tokens"
+            k = starts[0]
+            assert torch.equal(torch.cat([wc[row, :k], wc[row, k + s:]]),
+                               torch.cat([wp[row, :k], wp[row, k + s:]]))
+    assert 0.35 < n_copied / n_rows < 0.65  # about copy_fraction of the windows
+    again = list(training_batches(ids[0], copy_cfg))
+    assert all(torch.equal(a[0], b[0]) for a, b in zip(again, copied, strict=True))
+
+
+@pytest.mark.parametrize("field, value", [("copy_fraction", -0.1), ("copy_fraction", 1.5),
+                                          ("copy_len", 9)])
+def test_copy_settings_are_checked(field, value):
+    params = {**TINY.to_dict(), "copy_fraction": 0.5, field: value}  # train_len 16
+    with pytest.raises(ValueError, match=field):
+        ExperimentConfig(**params)

@@ -121,3 +121,16 @@ def test_module_keeps_input_dtype():
     out = pe(x)
     assert out.dtype == torch.bfloat16
     torch.testing.assert_close(out, x + sinusoidal_table(4, 8).to(torch.bfloat16))
+
+
+def test_scale_multiplies_the_table_and_one_is_the_formula():
+    x = torch.randn(2, 7, 8)
+    plain = SinusoidalPositionalEmbedding(8)
+    assert torch.equal(plain(x), x + sinusoidal_table(7, 8))  # scale 1: bit for bit
+    half = SinusoidalPositionalEmbedding(8, scale=0.25)
+    torch.testing.assert_close(half(x), x + 0.25 * sinusoidal_table(7, 8), rtol=0, atol=1e-7)
+    meta = torch.empty(2, 7, 8, device="meta")  # rows computed directly: scaled there too
+    assert half(meta, torch.arange(7, device="meta")).shape == (2, 7, 8)
+    for bad in (0.0, -1.0, float("nan")):
+        with pytest.raises(ValueError, match="scale"):
+            SinusoidalPositionalEmbedding(8, scale=bad)

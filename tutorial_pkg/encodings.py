@@ -250,13 +250,14 @@ class Sinusoidal(PositionEncoding):
     Args:
         d_model: model width (even).
         base: wavelength base.
+        scale: factor of the table (chapter 7 compares 1 with the embeddings' scale).
     """
 
     name = "sinusoidal"
 
-    def __init__(self, d_model: int, base: float = 10000.0) -> None:
+    def __init__(self, d_model: int, base: float = 10000.0, scale: float = 1.0) -> None:
         super().__init__()
-        self.pe = SinusoidalPositionalEmbedding(check_even("d_model", d_model), base)
+        self.pe = SinusoidalPositionalEmbedding(check_even("d_model", d_model), base, scale)
 
     def embed(self, x, positions):
         return self.pe(x, positions)

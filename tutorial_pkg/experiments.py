@@ -107,6 +107,10 @@ class ExperimentConfig:
             ``(H, L, L)`` ALiBi table).
         device: ``"cpu"``, ``"cuda"``, ... or ``None`` for CUDA when available.
         amp: bfloat16 autocast (CUDA only).
+        copy_fraction: fraction of training windows in which the first ``copy_len`` tokens
+            are repeated later in the window (:func:`training_batches`): a model that
+            learns to copy, the copy test's positive control (chapter 7). ``0``: plain text.
+        copy_len: tokens of each repeated segment (``2 * copy_len <= train_len``).
     """
 
     d_model: int = 96
@@ -129,10 +133,12 @@ class ExperimentConfig:
     backend: str = "sdpa"
     device: str | None = None
     amp: bool = False
+    copy_fraction: float = 0.0
+    copy_len: int = 16
 
     def __post_init__(self) -> None:
         for name in ("d_model", "n_layers", "n_heads", "train_len", "steps", "batch_size",
-                     "eval_tokens", "eval_batch_tokens"):
+                     "eval_tokens", "eval_batch_tokens", "copy_len"):
             check_positive_int(name, getattr(self, name))
         check_nonneg_int("warmup", self.warmup)
         check_nonneg_int("seed", self.seed)
@@ -147,6 +153,11 @@ class ExperimentConfig:
             raise ValueError(f"min_lr_ratio must lie in [0, 1], got {self.min_lr_ratio!r}")
         if check_number("weight_decay", self.weight_decay) < 0:
             raise ValueError(f"weight_decay must be >= 0, got {self.weight_decay!r}")
+        if not 0.0 <= check_number("copy_fraction", self.copy_fraction) <= 1.0:
+            raise ValueError(f"copy_fraction must lie in [0, 1], got {self.copy_fraction!r}")
+        if self.copy_fraction and 2 * self.copy_len > self.train_len:
+            raise ValueError(f"copy_len ({self.copy_len}) must be <= train_len // 2 "
+                             f"({self.train_len // 2}) when copy_fraction > 0")
         multiples = _positive_ints("eval_multiples", self.eval_multiples)
         object.__setattr__(self, "eval_multiples", multiples)
         if self.eval_tokens < max(multiples) * self.train_len:
@@ -208,6 +219,10 @@ def training_batches(
 
     They come from a fresh ``torch.Generator`` seeded with ``cfg.seed`` and nothing
     else, so every encoding is trained on exactly the same windows in the same order.
+    With ``cfg.copy_fraction > 0`` each window (``L + 1`` tokens, ``x`` and the last target)
+    is, with that probability, given a copy of its first ``s = cfg.copy_len`` tokens at a
+    position ``d`` drawn uniformly from ``[s, L + 1 - s]``: the text is that of the plain
+    batches (the copies come from a second generator), so the two settings pair up.
 
     Args:
         train_ids: ``(N,)`` int64 training tokens.
@@ -218,7 +233,25 @@ def training_batches(
     """
     cfg = _check_config(cfg)
     generator = torch.Generator().manual_seed(cfg.seed)
-    return batch_iterator(train_ids, cfg.batch_size, cfg.train_len, generator, cfg.steps)
+    batches = batch_iterator(train_ids, cfg.batch_size, cfg.train_len, generator, cfg.steps)
+    return _with_copies(batches, cfg) if cfg.copy_fraction else batches
+
+
+#: Offset of the copies' generator seed from ``cfg.seed`` (a stream apart from the text's).
+_COPY_SEED = 1_000_003
+
+
+def _with_copies(batches, cfg: ExperimentConfig):
+    generator = torch.Generator().manual_seed(cfg.seed + _COPY_SEED)
+    s, n = cfg.copy_len, cfg.train_len + 1
+    for x, y in batches:
+        window = torch.cat([x, y[:, -1:]], dim=1)  # the L + 1 tokens x and y come from
+        rows = torch.rand(x.shape[0], generator=generator) < cfg.copy_fraction
+        starts = torch.randint(s, n - s + 1, (x.shape[0],), generator=generator)
+        where = starts[:, None] + torch.arange(s)  # (B, s): positions d .. d + s - 1
+        copied = window.scatter(1, where, window[:, :s])
+        window = torch.where(rows[:, None], copied, window)
+        yield window[:, :-1], window[:, 1:]
 
 
 def build_model(
