@@ -21,7 +21,7 @@ if __package__ in (None, ""):  # run as a script: make the repository importable
 
 from tutorial_pkg.memory import Footprint  # noqa: E402
 
-__all__ = ["attention_footprint", "key_row_here", "lm_footprint", "rope_footprint"]
+__all__ = ["attention_footprint", "key_bias_here", "lm_footprint", "rope_footprint"]
 
 
 def _esize(dtype: torch.dtype) -> int:
@@ -46,12 +46,12 @@ def _mask_cast(device: torch.device, dtype: torch.dtype) -> bool:
     return dtype not in (torch.float32, torch.float64) and not float32_mask
 
 
-def key_row_here(device: torch.device, dtype: torch.dtype) -> bool:
+def key_bias_here(device: torch.device, dtype: torch.dtype) -> bool:
     """Does ``auto`` take its key row here (else the cached table of ``sdpa``)?"""
     from tutorial_pkg import backends
 
     try:
-        return bool(backends.key_row_supported(device, dtype, False))
+        return bool(backends.key_bias_supported(device, dtype, False))
     except (RuntimeError, NotImplementedError):  # a device whose probe cannot run (meta)
         return False  # the table path: the larger footprint
 
@@ -72,7 +72,7 @@ def attention_footprint(
     dtype: torch.dtype,
     train: bool,
     device: str | torch.device,
-    key_row: bool | None = None,
+    key_bias: bool | None = None,
 ) -> Footprint:
     """The memory one attention case of :func:`attention_suite` needs, from its shapes.
 
@@ -118,8 +118,8 @@ def attention_footprint(
         dtype: Dtype of q, k, v.
         train: Forward and backward (``fwd+bwd``) instead of inference.
         device: Where it runs (the mask rules differ between CPU and GPU).
-        key_row: Whether ``auto`` takes its key row; default: asks
-            ``tutorial_pkg.backends.key_row_supported``.
+        key_bias: Whether ``auto`` takes its key row; default: asks
+            ``tutorial_pkg.backends.key_bias_supported``.
 
     Returns:
         The :class:`~tutorial_pkg.memory.Footprint`, with its terms in ``parts``.
@@ -142,9 +142,9 @@ def attention_footprint(
         call += _part(parts, "gradients of q, k, v", 3 * n * e)
     path = backend
     if backend == "auto":
-        if key_row is None:
-            key_row = key_row_here(dev, dtype)
-        path = "row" if (has_bias and key_row) else "sdpa"
+        if key_bias is None:
+            key_bias = key_bias_here(dev, dtype)
+        path = "row" if (has_bias and key_bias) else "sdpa"
     if path == "sdpa" and not has_bias:
         path = "fused"
     if backend == "flex" or encoding == "none":

@@ -51,7 +51,7 @@ from benchmarks.allocator import keep_freed_memory  # noqa: E402
 from benchmarks.articles import ArticlesALiBiAttention  # noqa: E402
 from benchmarks.footprints import (  # noqa: E402
     attention_footprint,
-    key_row_here,
+    key_bias_here,
     lm_footprint,
     rope_footprint,
 )
@@ -307,7 +307,7 @@ def attention_suite(args: argparse.Namespace) -> Iterator[SuiteEntry]:
     device = torch.device(args.device)
     dtype = _suite_dtype(args)
     batch, heads, head_dim = args.batch, args.heads, args.head_dim
-    key_row = key_row_here(device, dtype)
+    key_bias = key_bias_here(device, dtype)
     for seq_len in args.lengths:
         for pass_ in args.passes:
             train = pass_ == "fwd+bwd"
@@ -320,7 +320,7 @@ def attention_suite(args: argparse.Namespace) -> Iterator[SuiteEntry]:
             )
             grad_out = torch.randn(shape, generator=gen).to(device, dtype) if train else None
             sizes = {"batch": batch, "heads": heads, "seq_len": seq_len, "head_dim": head_dim,
-                     "dtype": dtype, "train": train, "device": device, "key_row": key_row}
+                     "dtype": dtype, "train": train, "device": device, "key_bias": key_bias}
             cases: dict[str, Case] = {
                 ATTENTION_LIMIT: Case(_make_call(_sdpa_causal, (q, k, v), pass_, grad_out),
                                       {"encoding": "none", "backend": "sdpa"},
@@ -329,7 +329,7 @@ def attention_suite(args: argparse.Namespace) -> Iterator[SuiteEntry]:
             for enc_name in args.encodings:
                 for backend in args.backends:
                     enc = make_encoding(enc_name, d_model=heads * head_dim, n_heads=heads,
-                                        max_len=seq_len)
+                                        max_positions=seq_len)
                     if backend == "auto" and enc.key_bias(torch.arange(1)) is None:
                         continue  # auto is exactly the sdpa path here
                     layer = MultiHeadAttention(heads * head_dim, heads, enc, backend=backend)
@@ -494,7 +494,7 @@ def lm_suite(args: argparse.Namespace) -> Iterator[SuiteEntry]:
     variants = [(name, "auto") for name in encodings] + [("alibi", "sdpa")]
     cases: dict[str, Case] = {}
     for name, backend in variants:
-        model = TinyLM(name, d_model=96, n_layers=3, n_heads=4, max_len=length,
+        model = TinyLM(name, d_model=96, n_layers=3, n_heads=4, max_positions=length,
                        backend=backend).to(device)
         opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
 

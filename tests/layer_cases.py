@@ -32,7 +32,7 @@ def encoding(key: str, causal: bool = True):
         return make_encoding(key, d_model=D, n_heads=H, mode="causal" if causal else "symmetric")
     if key == "t5":  # a large init, so that the bias matters in the comparisons
         return make_encoding("t5", n_heads=H, bidirectional=not causal, init_std=1.0)
-    return make_encoding(key, d_model=D, n_heads=H, max_len=64)
+    return make_encoding(key, d_model=D, n_heads=H, max_positions=64)
 
 
 def x_of(seed, b=2, s=9):

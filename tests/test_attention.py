@@ -44,7 +44,7 @@ def build_encoding(key: str, causal: bool = True, d_model=D_MODEL, n_heads=N_HEA
     mode = "causal" if causal else "symmetric"
     kw = {"d_model": d_model, "n_heads": n_heads}
     if key == "learned":
-        return make_encoding("learned", max_len=64, **kw)
+        return make_encoding("learned", max_positions=64, **kw)
     if key == "alibi":
         return make_encoding("alibi", mode=mode, **kw)
     if key == "t5":  # learned; a large init so that the bias matters in the comparisons
@@ -385,10 +385,10 @@ def test_auto_backend_equals_naive_with_padding_and_gradients(key, causal, gqa):
         torch.testing.assert_close(g_got, g_want, rtol=1e-4, atol=1e-5)
 
 
-def test_auto_adds_a_key_row_to_the_fused_causal_kernel(monkeypatch):
+def test_auto_adds_a_key_bias_to_the_fused_causal_kernel(monkeypatch):
     enc = build_encoding("alibi")
     layer = MultiHeadAttention(D_MODEL, N_HEADS, enc)
-    assert backends.key_row_supported(torch.device("cpu"), torch.float32, False)  # probe first
+    assert backends.key_bias_supported(torch.device("cpu"), torch.float32, False)  # probe first
     seen = []
     real = F.scaled_dot_product_attention
 
@@ -426,7 +426,7 @@ def test_auto_kv_cache_decoding_equals_full_forward():
         torch.testing.assert_close(torch.cat(outs, 1), full, rtol=1e-4, atol=1e-5)
 
 
-def test_auto_key_row_check_rejects_a_kernel_that_rounds_the_row(monkeypatch):
+def test_auto_key_bias_check_rejects_a_kernel_that_rounds_the_row(monkeypatch):
     real = F.scaled_dot_product_attention
 
     def rounding(q, k, v, attn_mask=None, **kw):
@@ -435,20 +435,20 @@ def test_auto_key_row_check_rejects_a_kernel_that_rounds_the_row(monkeypatch):
         return real(q, k, v, attn_mask=attn_mask, **kw)
 
     monkeypatch.setattr(backends.F, "scaled_dot_product_attention", rounding)
-    assert not backends.probe_key_row(torch.device("cpu"), torch.bfloat16, False)
+    assert not backends.probe_key_bias(torch.device("cpu"), torch.bfloat16, False)
     monkeypatch.setattr(backends.F, "scaled_dot_product_attention", real)
-    assert backends.probe_key_row(torch.device("cpu"), torch.float32, False)
+    assert backends.probe_key_bias(torch.device("cpu"), torch.float32, False)
 
 
 @pytest.mark.parametrize("gqa", [False, True], ids=["mha", "gqa"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16, torch.float16],
                          ids=str)
-def test_this_torch_takes_a_float_key_row_with_is_causal_exactly_on_cpu(dtype, gqa):
+def test_this_torch_takes_a_float_key_bias_with_is_causal_exactly_on_cpu(dtype, gqa):
     # "auto" relies on behaviour PyTorch documents as an error (attn_mask with is_causal):
     # the probe runs it, with the selected kernel and with each fused kernel alone, and
     # compares forward and gradients with float64. A torch that refuses the pair, drops
     # is_causal or rounds the row fails here (and "auto" would silently take "sdpa").
-    assert backends.probe_key_row(torch.device("cpu"), dtype, gqa) is True
+    assert backends.probe_key_bias(torch.device("cpu"), dtype, gqa) is True
     with torch.nn.attention.sdpa_kernel([torch.nn.attention.SDPBackend.FLASH_ATTENTION]):
         q = torch.randn(1, N_HEADS, 64, 16, dtype=dtype)  # CPU flash takes the pair
         row = torch.randn(1, N_HEADS, 1, 64)
@@ -541,7 +541,8 @@ def test_modules_build_on_the_meta_device(key):
         enc = build_encoding(key)
         block = TransformerBlock(D_MODEL, N_HEADS, enc, n_kv_heads=N_KV)
         model = TinyLM(key if key in ("nope", "rope", "alibi", "hybrid", "sinusoidal")
-                       else "learned", d_model=D_MODEL, n_heads=N_HEADS, n_layers=1, max_len=64)
+                       else "learned", d_model=D_MODEL, n_heads=N_HEADS, n_layers=1,
+                       max_positions=64)
     assert all(p.is_meta for p in block.parameters()) and all(p.is_meta for p in model.parameters())
     out = block(torch.empty(2, SEQ, D_MODEL, device="meta"))
     assert out.is_meta and out.shape == (2, SEQ, D_MODEL)

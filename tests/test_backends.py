@@ -97,14 +97,14 @@ def test_flex_falls_back_to_sdpa_itself_with_a_warning():
 
 def test_assume_kernels_switches_a_rule_for_a_block_and_restores_it():
     cpu = backends.kernel_rules("cpu")
-    assert cpu.float32_mask and cpu.key_row is None
-    with backends.assume_kernels("cpu", float32_mask=False, key_row=False) as rules:
+    assert cpu.float32_mask and cpu.key_bias is None
+    with backends.assume_kernels("cpu", float32_mask=False, key_bias=False) as rules:
         assert backends.kernel_rules("cpu") == rules and not rules.float32_mask
         # assumed, not probed: auto takes sdpa (the cached 4-D table)
-        assert not backends.key_row_supported(torch.device("cpu"), torch.float32, False)
+        assert not backends.key_bias_supported(torch.device("cpu"), torch.float32, False)
     assert backends.kernel_rules("cpu") == cpu
-    with backends.assume_kernels("meta", key_row=True):
-        assert backends.key_row_supported(torch.device("meta"), torch.float32, False)
+    with backends.assume_kernels("meta", key_bias=True):
+        assert backends.key_bias_supported(torch.device("meta"), torch.float32, False)
     assert "meta" not in backends.KERNEL_RULES
     with pytest.raises(TypeError):
         with backends.assume_kernels("cpu", fast=True):
@@ -116,7 +116,7 @@ def test_cache_info_counts_what_clear_caches_drops():
     enc = tp.make_encoding("alibi", n_heads=H)
     backends.clear_caches()
     backends.cached_bias(enc, 0, 8, 8, causal=True, device="cpu")
-    backends.cached_key_row(enc, 8, device="cpu")
+    backends.cached_key_bias(enc, 8, device="cpu")
     assert backends.cache_info()["tables"] == 2 == len(backends.cached_tensors(enc))
     backends.clear_caches(enc)
     assert backends.cache_info()["tables"] == 0

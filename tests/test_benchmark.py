@@ -478,7 +478,7 @@ def test_available_memory_on_cuda_counts_cached_blocks_and_caps(monkeypatch):
 # ------------------------------------------------------------ footprints, by hand
 GIB, MIB = 2**30, 2**20
 T4_FWD = {"batch": 1, "heads": 8, "seq_len": 8192, "head_dim": 64, "dtype": torch.float16,
-          "train": False, "device": "cuda", "key_row": False}
+          "train": False, "device": "cuda", "key_bias": False}
 
 
 def test_attention_footprint_of_the_t4_plan_by_hand():
@@ -502,7 +502,7 @@ def test_attention_footprint_of_the_t4_plan_by_hand():
     assert article.call == 4 * GIB + 5 * 64 * MIB + 32 * MIB + 8 * MIB
     mask3 = bs.attention_footprint("alibi", "sdpa-3d-mask", **T4_FWD)
     assert mask3.held == GIB and mask3.build == 5 * GIB  # float32, shifted, float16 at once
-    row = bs.attention_footprint("alibi", "auto", **{**T4_FWD, "key_row": True})
+    row = bs.attention_footprint("alibi", "auto", **{**T4_FWD, "key_bias": True})
     assert row.held == 8 * 8192 * 4 and row.need < 10 * MIB  # a row per head
     auto = bs.attention_footprint("alibi", "auto", **T4_FWD)  # no key row: the table path
     assert auto.need == sdpa.need
@@ -540,7 +540,7 @@ def test_attention_footprints_bound_the_memory_measured_on_cpu(rules, pass_, dty
 
     from tutorial_pkg import backends
 
-    gpu_rules = backends.assume_kernels("cpu", float32_mask=False, key_row=False)
+    gpu_rules = backends.assume_kernels("cpu", float32_mask=False, key_bias=False)
     with gpu_rules if rules == "gpu" else contextlib.nullcontext():
         args = _args("--dtype", dtype, "--heads", "4", "--head-dim", "16", "--lengths", "512",
                      "--passes", pass_, "--encodings", "alibi", "--backends", "naive", "sdpa",

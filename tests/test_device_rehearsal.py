@@ -23,10 +23,10 @@ eager path compiles) nor SDPA's fused kernels (the math kernel refuses ``attn_ma
 ``is_causal``). So for ``"flex"`` everything up to the kernel runs (block masks built on
 the device, the encodings' ``score_mod``), then :func:`_reference_flex` calls that
 ``score_mod`` and ``mask_mod`` on index tensors of the device; ``"auto"``'s key-row path
-gets :func:`_fused_key_row_sdpa` for its one fused call. Both stand-ins are checked
+gets :func:`_fused_key_bias_sdpa` for its one fused call. Both stand-ins are checked
 against the real kernels on CPU below.
 
-The chapters' own calls (chapters 4 and 5 call ``cached_bias`` / ``cached_key_row``
+The chapters' own calls (chapters 4 and 5 call ``cached_bias`` / ``cached_key_bias``
 directly) are replicated, with the encoding on the CPU where the chapter leaves it there.
 """
 
@@ -75,7 +75,7 @@ _REAL_SDPA = F.scaled_dot_product_attention
 
 def make_encoding(key: str):
     name = key.split("_")[0] if key.startswith(("alibi", "hybrid")) else key
-    return tp.make_encoding(name, d_model=D_MODEL, n_heads=H, max_len=64, **ENCODINGS[key])
+    return tp.make_encoding(name, d_model=D_MODEL, n_heads=H, max_positions=64, **ENCODINGS[key])
 
 
 # --------------------------------------------------------------------------- fake CUDA
@@ -228,7 +228,7 @@ def _assume_kernels(monkeypatch, device_type, **rules):
 
 def _fake_kernels(monkeypatch):
     """FlexAttention and the fused key-row SDPA call as stand-ins (see the module docs)."""
-    calls = {"flex": [], "key_row": 0}
+    calls = {"flex": [], "sdpa_key_bias": 0}
 
     def flex_fn(compiled, dynamic=False):
         calls["flex"].append(compiled)
@@ -237,14 +237,14 @@ def _fake_kernels(monkeypatch):
     monkeypatch.setattr(backends, "flex_kernel", flex_fn)
     # Flex refuses meta tensors; let the backend run up to the (stand-in) kernel there too
     _assume_kernels(monkeypatch, "meta", flex=True, flex_backward=True)
-    monkeypatch.setattr(F, "scaled_dot_product_attention", _fused_key_row_sdpa)
-    real_key_row = backends.key_row
+    monkeypatch.setattr(F, "scaled_dot_product_attention", _fused_key_bias_sdpa)
+    real_sdpa_key_bias = backends.sdpa_key_bias
 
-    def key_row(*args, **kwargs):
-        calls["key_row"] += 1
-        return real_key_row(*args, **kwargs)
+    def sdpa_key_bias(*args, **kwargs):
+        calls["sdpa_key_bias"] += 1
+        return real_sdpa_key_bias(*args, **kwargs)
 
-    monkeypatch.setattr(backends, "key_row", key_row)
+    monkeypatch.setattr(backends, "sdpa_key_bias", sdpa_key_bias)
     return calls
 
 
@@ -265,7 +265,7 @@ def _reference_flex(q, k, v, score_mod=None, block_mask=None, enable_gqa=False, 
     return (scores.softmax(-1) @ v.float()).to(q.dtype)
 
 
-def _fused_key_row_sdpa(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, **kw):
+def _fused_key_bias_sdpa(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, **kw):
     """SDPA that takes a float mask *and* ``is_causal`` as the fused kernels do."""
     if attn_mask is not None and is_causal:
         future = torch.ones(q.shape[-2], k.shape[-2], dtype=torch.bool,
@@ -317,7 +317,7 @@ def test_cuda_indexing_equals_torch_indexing(index):
 @pytest.mark.parametrize("case", ["causal", "padding", "documents", "window"])
 def test_the_stand_in_kernels_give_naive_attention_on_cpu(monkeypatch, key, case):
     calls = _fake_kernels(monkeypatch)
-    _assume_kernels(monkeypatch, "cpu", key_row=True)
+    _assume_kernels(monkeypatch, "cpu", key_bias=True)
     _ = torch.manual_seed(0)
     enc = make_encoding(key)
     layers = {b: MultiHeadAttention(D_MODEL, H, enc, backend=b, window=3 if case == "window"
@@ -339,18 +339,18 @@ def test_the_stand_in_kernels_give_naive_attention_on_cpu(monkeypatch, key, case
             torch.testing.assert_close(layers[backend](x, **kw), want, atol=1e-5, rtol=1e-5)
     assert calls["flex"], "the flex stand-in was not used"
     if case == "causal" and key in ("alibi", "hybrid"):
-        assert calls["key_row"] == 1  # auto took the fused key-row path, with the stand-in
+        assert calls["sdpa_key_bias"] == 1  # auto took the fused key-row path, with the stand-in
 
 
-def test_the_fused_key_row_stand_in_equals_cpu_sdpa():
+def test_the_fused_key_bias_stand_in_equals_cpu_sdpa():
     q, k, v = (torch.randn(1, H, 8, D) for _ in range(3))
     row = torch.randn(1, H, 1, 8)
     want = _REAL_SDPA(q, k, v, attn_mask=row, is_causal=True)  # the CPU fused kernel takes both
-    torch.testing.assert_close(_fused_key_row_sdpa(q, k, v, attn_mask=row, is_causal=True), want)
+    torch.testing.assert_close(_fused_key_bias_sdpa(q, k, v, attn_mask=row, is_causal=True), want)
 
 
 # --------------------------------------------------------------------------- chapter calls
-def test_chapter5_cached_bias_and_key_row_of_an_encoding_left_on_the_cpu(dev):
+def test_chapter5_cached_bias_and_key_bias_of_an_encoding_left_on_the_cpu(dev):
     seq_len = 16
     alibi_enc = dev.host(lambda: tp.make_encoding("alibi", n_heads=H))  # never moved
     with dev.run():
@@ -358,7 +358,7 @@ def test_chapter5_cached_bias_and_key_row_of_an_encoding_left_on_the_cpu(dev):
                                      device=dev.device)
         second = backends.cached_bias(alibi_enc, 0, seq_len, seq_len, causal=True,
                                       device=dev.device)
-        row = backends.cached_key_row(alibi_enc, seq_len, device=dev.device)
+        row = backends.cached_key_bias(alibi_enc, seq_len, device=dev.device)
     assert first.device.type == dev.device.type and first.dtype == torch.float32
     assert tuple(first.shape) == (1, H, seq_len, seq_len)
     assert row.device.type == dev.device.type and tuple(row.shape) == (1, H, 1, seq_len)
@@ -379,7 +379,7 @@ def test_chapter5_profiled_masks_and_auto_layer(dev):
                 F.scaled_dot_product_attention(q, k, v, attn_mask=bias4)]
         with torch.no_grad():
             outs.append(auto_layer.attend(q, k, v))
-        row = backends.cached_key_row(tp.make_encoding("alibi", n_heads=H), 64,
+        row = backends.cached_key_bias(tp.make_encoding("alibi", n_heads=H), 64,
                                       device=dev.device)
     assert bias4.device.type == dev.device.type and bias4.dtype == q.dtype
     for out in outs:
@@ -395,14 +395,14 @@ def test_chapter4_table_sizes_on_the_device(dev):
     backends.clear_caches(alibi_enc)
     with dev.run():
         cached = backends.cached_bias(alibi_enc, 0, L_chk, L_chk, causal=True, device=dev.device)
-        row = backends.cached_key_row(alibi_enc, L_chk, device=dev.device)
-        probe = backends.key_row_supported(dev.device, torch.float32, False)
+        row = backends.cached_key_bias(alibi_enc, L_chk, device=dev.device)
+        probe = backends.key_bias_supported(dev.device, torch.float32, False)
     # the chapter's formulas: one float32 (H, L, L) table, one (H, L) row
     assert cached.untyped_storage().nbytes() == H * L_chk * L_chk * 4
     assert row.untyped_storage().nbytes() == H * L_chk * 4
     assert cached.device.type == row.device.type == dev.device.type
     assert probe is False  # nothing runs on data-less tensors: nothing is proven ...
-    assert (dev.device.type, torch.float32, False) not in backends.cache_info()["key_row_probes"]
+    assert (dev.device.type, torch.float32, False) not in backends.cache_info()["key_bias_probes"]
 
 
 # --------------------------------------------------------------------------- every path
@@ -411,7 +411,7 @@ def test_chapter4_table_sizes_on_the_device(dev):
 def test_every_encoding_and_backend_runs_on_the_device(monkeypatch, dev, key, backend):
     calls = _fake_kernels(monkeypatch)
     if key in ("alibi", "hybrid"):  # let "auto" take its key-row path (the stand-in kernel)
-        _assume_kernels(monkeypatch, dev.device.type, key_row=True)
+        _assume_kernels(monkeypatch, dev.device.type, key_bias=True)
     layer = dev.on_device(lambda: MultiHeadAttention(D_MODEL, H, make_encoding(key),
                                                      backend=backend))
     with dev.run():
@@ -434,7 +434,7 @@ def test_every_encoding_and_backend_runs_on_the_device(monkeypatch, dev, key, ba
     if backend == "flex":  # flex ran (no fallback), compiled as off the CPU it always is
         assert calls["flex"] and all(calls["flex"])
     if backend == "auto" and key in ("alibi", "hybrid"):
-        assert calls["key_row"] >= 1
+        assert calls["sdpa_key_bias"] >= 1
 
 
 @pytest.mark.parametrize(("dev", "key", "backend"), MODEL_CASES, indirect=["dev"])
@@ -442,7 +442,7 @@ def test_tiny_lm_forward_backward_padding_and_kv_cache_on_the_device(monkeypatch
                                                                       backend):
     calls = _fake_kernels(monkeypatch)
     model = dev.on_device(lambda: TinyLM(key, d_model=D_MODEL, n_layers=2, n_heads=H,
-                                         max_len=64, backend=backend,
+                                         max_positions=64, backend=backend,
                                          encoding_kwargs=MODEL_KWARGS.get(key)))
     with dev.run(), warnings.catch_warnings():
         warnings.simplefilter("ignore")  # single-token steps fall back from flex, by design
@@ -477,9 +477,9 @@ def test_tiny_lm_forward_backward_padding_and_kv_cache_on_the_device(monkeypatch
         assert calls["flex"]
 
 
-def test_learned_positions_past_max_len_raise_on_the_device_without_a_read_back(dev):
+def test_learned_positions_past_max_positions_raise_on_the_device_without_a_read_back(dev):
     model = dev.on_device(lambda: TinyLM("learned", d_model=D_MODEL, n_layers=1, n_heads=H,
-                                         max_len=8))
+                                         max_positions=8))
     with dev.run():
         ids = torch.randint(0, 256, (1, 9), device=dev.device)
         model(ids[:, :8])
@@ -508,7 +508,7 @@ def test_a_layer_left_on_the_cpu_moves_constants_or_names_both_devices(monkeypat
     assert out.device.type == dev.device.type
 
 
-@pytest.mark.parametrize("call", ["cached_bias", "cached_key_row", "bias_hook"])
+@pytest.mark.parametrize("call", ["cached_bias", "cached_key_bias", "bias_hook"])
 @pytest.mark.parametrize("key", ["t5", "hybrid_learnable"])
 def test_a_learned_encoding_on_another_device_names_both(dev, key, call):
     enc = dev.host(lambda: make_encoding(key))
@@ -517,8 +517,8 @@ def test_a_learned_encoding_on_another_device_names_both(dev, key, call):
         with pytest.raises(ValueError) as err:
             if call == "cached_bias":
                 backends.cached_bias(enc, 0, 8, 8, causal=True, device=dev.device)
-            elif call == "cached_key_row":
-                backends.cached_key_row(enc, 8, device=dev.device)
+            elif call == "cached_key_bias":
+                backends.cached_key_bias(enc, 8, device=dev.device)
             else:
                 enc.bias(pos, pos)
     _assert_names_both(err, "cpu", dev.device)
@@ -526,7 +526,7 @@ def test_a_learned_encoding_on_another_device_names_both(dev, key, call):
 
 def test_inputs_on_another_device_than_the_weights(dev):
     layer = dev.host(lambda: MultiHeadAttention(D_MODEL, H, tp.make_encoding("alibi", n_heads=H)))
-    learned = dev.host(lambda: tp.make_encoding("learned", d_model=D_MODEL, max_len=8))
+    learned = dev.host(lambda: tp.make_encoding("learned", d_model=D_MODEL, max_positions=8))
     model = dev.on_device(lambda: TinyLM("alibi", d_model=D_MODEL, n_layers=1, n_heads=H))
     with dev.run():
         x = torch.randn(1, 4, D_MODEL, device=dev.device)
@@ -557,7 +557,7 @@ def test_tables_cached_for_one_device_are_never_served_to_another():
         torch.ones(8, 8, dtype=torch.bool).triu(1), float("-inf"))
     for device in ("cpu", "meta", "cpu", "meta"):
         bias = backends.cached_bias(enc, 0, 8, 8, causal=True, device=device)
-        row = backends.cached_key_row(enc, 8, device=device)
+        row = backends.cached_key_bias(enc, 8, device=device)
         assert bias.device.type == row.device.type == device
         if device == "cpu":  # the CPU table is what it always was
             torch.testing.assert_close(bias[0], want)
@@ -575,23 +575,23 @@ def test_nothing_is_cached_or_served_under_fake_tensor_mode(monkeypatch):
     before = backends.cache_info()
     with fake.run():
         backends.cached_bias(enc, 0, 8, 8, causal=True, device=CUDA)
-        backends.cached_key_row(enc, 8, device=CUDA)
+        backends.cached_key_bias(enc, 8, device=CUDA)
         layer.attend(*_qkv(fake))  # a causal block mask on fake cuda
-        backends.key_row_supported(CUDA, torch.float16, False)
+        backends.key_bias_supported(CUDA, torch.float16, False)
     assert backends.cached_tensors(enc) == []
     after = backends.cache_info()
     assert after["block_masks"] == before["block_masks"]
-    assert after["key_row_probes"] == before["key_row_probes"]  # a real GPU still probes
+    assert after["key_bias_probes"] == before["key_bias_probes"]  # a real GPU still probes
     # and a real call after the fake run builds real tensors
     real = tp.make_encoding("alibi", n_heads=H)
     assert not isinstance(backends.cached_bias(real, 0, 8, 8, causal=True, device="cpu"),
                           FakeTensor)
 
 
-def test_the_key_row_probe_does_not_run_on_meta():
-    assert backends.key_row_supported(torch.device("meta"), torch.float32, False) is False
-    assert backends.probe_key_row(torch.device("meta"), torch.float32, False) is None
-    probes = backends.cache_info()["key_row_probes"]
+def test_the_key_bias_probe_does_not_run_on_meta():
+    assert backends.key_bias_supported(torch.device("meta"), torch.float32, False) is False
+    assert backends.probe_key_bias(torch.device("meta"), torch.float32, False) is None
+    probes = backends.cache_info()["key_bias_probes"]
     assert ("meta", torch.float32, False) not in probes  # not cached either
 
 

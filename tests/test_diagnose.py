@@ -77,7 +77,7 @@ def test_probe_rope_notes_scaling():
     pi = dg.probe_rope(tp.RotaryEmbedding(32, scaling={"type": "linear", "factor": 4}).rotate, 32)
     assert pi.ok and pi.frequency_scale == 4.0 and pi.base == 10000.0
     yarn = tp.RotaryEmbedding(32, scaling={"type": "yarn", "factor": 4,
-                                           "original_max_position": 64})
+                                           "original_max_position_embeddings": 64})
     r = dg.probe_rope(yarn.rotate, 32)
     assert r.ok and r.magnitude == pytest.approx(0.1 * torch.log(torch.tensor(4.0)).item() + 1)
 
@@ -104,7 +104,7 @@ def test_probe_rope_precision_under_autocast():
 # --------------------------------------------------------------------------- KV cache
 @pytest.fixture(scope="module")
 def learned_lm():
-    return TinyLM("learned", d_model=32, n_layers=2, n_heads=2, max_len=32).eval()
+    return TinyLM("learned", d_model=32, n_layers=2, n_heads=2, max_positions=32).eval()
 
 
 @pytest.fixture(scope="module")
@@ -235,7 +235,7 @@ def test_probe_masking_future_leak(ids):
 
 
 def test_probe_masking_packed_documents(ids):
-    lm = TinyLM("learned", d_model=16, n_layers=1, n_heads=2, max_len=16).eval()
+    lm = TinyLM("learned", d_model=16, n_layers=1, n_heads=2, max_positions=16).eval()
     docs = torch.tensor([0] * 4 + [1] * 3 + [2] * 3)
 
     def packed(x, document_ids):
@@ -385,7 +385,7 @@ def test_probe_rope_names_a_de_interleaved_output():
 
 # --------------------------------------------------------------------------- compare_rope
 def _yarn(attention_factor=None):
-    scaling = {"type": "yarn", "factor": 4.0, "original_max_position": 16}
+    scaling = {"type": "yarn", "factor": 4.0, "original_max_position_embeddings": 16}
     if attention_factor is not None:
         scaling["attention_factor"] = attention_factor
     return tp.RotaryEmbedding(16, layout="interleaved", scaling=scaling).rotate

@@ -76,7 +76,7 @@ def test_register_encoding_adds_a_class_and_refuses_what_is_not_one():
     [
         ("nope", NoPE, {}),
         ("sinusoidal", Sinusoidal, {}),
-        ("learned", Learned, {"max_len": 32}),
+        ("learned", Learned, {"max_positions": 32}),
         ("rope", Rotary, {"base": 500000.0}),
         ("alibi", ALiBi, {"mode": "symmetric"}),
         ("hybrid", Hybrid, {"mix": "alpha", "alpha": 0.25}),
@@ -233,7 +233,7 @@ def test_caches_do_not_keep_encodings_alive():
 
     enc = ALiBi(N_HEADS)
     backends.cached_bias(enc, 0, 6, 6, causal=True, device="cpu")
-    backends.cached_key_row(enc, 6, device="cpu")
+    backends.cached_key_bias(enc, 6, device="cpu")
     ref = weakref.ref(enc)
     del enc
     gc.collect()

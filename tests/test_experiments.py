@@ -9,6 +9,7 @@ import torch
 
 from tutorial_pkg import experiments
 from tutorial_pkg.data import load_splits
+from tutorial_pkg.encodings import Rotary
 from tutorial_pkg.experiments import (
     ExperimentConfig,
     build_model,
@@ -189,9 +190,11 @@ def test_build_model_accepts_an_encoding_instance(ids):
 def test_position_limit():
     assert position_limit(build_model("learned", TINY)) == 16
     assert position_limit(build_model("alibi", TINY)) is None
-    rope = TinyLM("rope", d_model=32, n_heads=2, n_layers=1,
-                  encoding_kwargs={"max_positions": 24})
+    rope = TinyLM(Rotary(16, max_positions=24), d_model=32, n_heads=2, n_layers=1)
     assert position_limit(rope) == 24
+    # the model's size is the learned table's: a RoPE takes any position
+    assert position_limit(TinyLM("rope", d_model=32, n_heads=2, n_layers=1,
+                                 max_positions=24)) is None
 
 
 def test_scaling_for():
@@ -199,7 +202,7 @@ def test_scaling_for():
     assert scaling_for("linear", 64, 16) == {"type": "linear", "factor": 4.0}
     assert scaling_for("ntk", 32, 16) == {"type": "ntk", "factor": 2.0}
     assert scaling_for("yarn", 128, 16) == {
-        "type": "yarn", "factor": 8.0, "original_max_position": 16}
+        "type": "yarn", "factor": 8.0, "original_max_position_embeddings": 16}
 
 
 def test_format_table(run):
@@ -356,7 +359,7 @@ def test_all_token_perplexity_equals_evaluate_ppl_all():
 
 
 def test_fixed_targets_respect_position_limits_and_check_arguments():
-    learned = TinyLM("learned", d_model=16, n_layers=1, n_heads=2, max_len=16, seed=0)
+    learned = TinyLM("learned", d_model=16, n_layers=1, n_heads=2, max_positions=16, seed=0)
     records = evaluate_fixed_targets(learned, _HELDOUT, 16, (1, 2), n_blocks=3)
     assert records[0]["ppl"] is not None and records[1]["ppl"] is None
     assert "cannot represent" in records[1]["note"]

@@ -51,7 +51,7 @@ def _chapter_cell(tag: str) -> str:
 @pytest.fixture
 def gpu_rules():
     """The GPU's SDPA rules on the CPU: masks in q's dtype, no float32 key row with is_causal."""
-    with backends.assume_kernels("cpu", float32_mask=False, key_row=False):
+    with backends.assume_kernels("cpu", float32_mask=False, key_bias=False):
         yield
 
 
@@ -80,7 +80,7 @@ def _namespace(dtype: torch.dtype, lengths=(64, 128), heads=2, head_dim=16) -> d
 @pytest.mark.parametrize("dtype", HALF, ids=str)
 def test_chapter5_memory_cell_holds_in_half_precision_with_gpu_rules(gpu_rules, dtype):
     ns = _namespace(dtype)
-    assert not backends.key_row_supported(torch.device("cpu"), dtype, False)
+    assert not backends.key_bias_supported(torch.device("cpu"), dtype, False)
     exec(_chapter_cell("gpu-rehearsal"), ns)  # the chapter's own asserts
     assert ns["row_ok"] is False
     # "auto" is the cached-table path here: it holds the float32 table, as the cell says
@@ -122,9 +122,9 @@ def test_auto_in_half_precision_matches_the_float64_oracle(request, dtype, rules
     torch.testing.assert_close(got.double(), want, atol=tol, rtol=tol)
 
 
-def test_key_row_stays_float32_and_a_sixteen_bit_row_would_not_do():
+def test_key_bias_stays_float32_and_a_sixteen_bit_row_would_not_do():
     enc = tp.make_encoding("alibi", n_heads=8)
-    row = backends.cached_key_row(enc, 8192, device="cpu")
+    row = backends.cached_key_bias(enc, 8192, device="cpu")
     assert row.dtype == torch.float32
     for dtype, worst in ((torch.float16, 1.0), (torch.bfloat16, 4.0)):
         err = (row.to(dtype).float() - row).abs().max().item()

@@ -72,7 +72,8 @@ def test_package_imports_form_no_cycle():
 
 def test_public_api_has_what_readers_use_and_no_backend_internals():
     assert "TinyLM" in tp.__all__ and tp.TinyLM is __import__("tutorial_pkg.model").model.TinyLM
-    internals = {"auto_key_row", "key_row", "flex_blocker", "cached_tensors", "cached_key_row"}
+    internals = {"auto_key_bias", "sdpa_key_bias", "flex_blocker", "cached_tensors",
+                 "cached_key_bias"}
     assert internals.isdisjoint(tp.__all__)
     assert all(not name.startswith("_") for name in tp.__all__)
     assert sorted(set(tp.__all__)) == sorted(tp.__all__)  # no duplicates

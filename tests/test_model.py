@@ -9,7 +9,7 @@ from tutorial_pkg import backends, make_encoding
 from tutorial_pkg.model import TinyLM
 
 NAMES = ["nope", "sinusoidal", "learned", "rope", "alibi", "hybrid"]
-SMALL = dict(d_model=32, n_layers=2, n_heads=4, max_len=32)
+SMALL = dict(d_model=32, n_layers=2, n_heads=4, max_positions=32)
 
 
 def tiny(name, **kw):
@@ -134,10 +134,10 @@ def test_attention_weights_match_the_layer_output():
         torch.testing.assert_close(out, attn(n), atol=1e-5, rtol=1e-5)
 
 
-def test_learned_refuses_positions_past_max_len():
-    model = tiny("learned", max_len=8)
+def test_learned_refuses_positions_past_max_positions():
+    model = tiny("learned", max_positions=8)
     model(ids(1, 8))
-    with pytest.raises(ValueError, match="max_len"):
+    with pytest.raises(ValueError, match="max_positions"):
         model(ids(1, 9))
 
 
@@ -168,8 +168,10 @@ def test_bad_inputs_raise():
         TinyLM("rope", d_model=32, n_heads=4, n_layers=0)
     with pytest.raises(ValueError, match="divisible"):
         TinyLM("rope", d_model=30, n_heads=4)
-    with pytest.raises(ValueError, match="max_len"):
+    with pytest.raises(ValueError, match="max_positions"):
         TinyLM("learned", d_model=32, n_heads=4)
+    with pytest.raises(ValueError, match="max_positions"):  # one per model, not per encoding
+        TinyLM("rope", d_model=32, n_heads=4, encoding_kwargs={"max_positions": 8})
 
 
 def test_default_backend_is_the_attention_default():

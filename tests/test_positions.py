@@ -34,7 +34,7 @@ SCHEDULE_KWARGS = {"irope": {"every": 2}, "local_global": {"pattern": 2, "window
 
 
 def tiny(encoding: str, backend: str) -> TinyLM:
-    model = TinyLM(encoding, d_model=32, n_layers=2, n_heads=4, max_len=64, backend=backend,
+    model = TinyLM(encoding, d_model=32, n_layers=2, n_heads=4, max_positions=64, backend=backend,
                    n_kv_heads=2, seed=3, encoding_kwargs=SCHEDULE_KWARGS.get(encoding))
     return model.eval()
 

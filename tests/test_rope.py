@@ -271,7 +271,8 @@ def hf_yarn_inv_freq(dim, base, factor, original_max, beta_fast=32.0, beta_slow=
     ],
 )
 def test_yarn_matches_hugging_face_reference(dim, base, factor, original, betas):
-    scaling = {"type": "yarn", "factor": factor, "original_max_position": original, **betas}
+    scaling = {"type": "yarn", "factor": factor, "original_max_position_embeddings": original,
+               **betas}
     theta, af = scaled_inv_freq(dim, base, scaling)
     ref, ref_af = hf_yarn_inv_freq(dim, base, factor, original, **betas)
     np.testing.assert_allclose(theta.double().numpy(), ref, rtol=1e-6)
@@ -281,7 +282,7 @@ def test_yarn_matches_hugging_face_reference(dim, base, factor, original, betas)
 def test_yarn_keeps_high_and_interpolates_low_frequencies():
     # dim 128, base 1e4, L = 4096: pairs below ~20 turn > 32 times (kept), above ~46 < once
     theta, _ = scaled_inv_freq(128, 10000.0, {"type": "yarn", "factor": 8,
-                                              "original_max_position": 4096})
+                                              "original_max_position_embeddings": 4096})
     plain = inv_freq(128)
     torch.testing.assert_close(theta[:20], plain[:20])
     torch.testing.assert_close(theta[46:], plain[46:] / 8)
@@ -292,7 +293,7 @@ def test_yarn_keeps_high_and_interpolates_low_frequencies():
 def test_yarn_attention_factor_scales_cos_sin_and_scores():
     factor = 4.0
     rope = RotaryEmbedding(16, scaling={"type": "yarn", "factor": factor,
-                                        "original_max_position": 32})
+                                        "original_max_position_embeddings": 32})
     expected = 0.1 * math.log(factor) + 1.0
     assert rope.attention_factor == pytest.approx(expected)
     cos, sin = rope.cos_sin(torch.arange(50))

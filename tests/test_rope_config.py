@@ -75,7 +75,8 @@ def test_llama31_in_both_forms():
     cfg = read_rope_config(LLAMA31_8B)
     assert cfg == RopeConfig(head_dim=128, base=500000.0, rotary_dim=128, layout="half",
                              scaling={"type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
-                                      "high_freq_factor": 4.0, "original_max_position": 8192},
+                                      "high_freq_factor": 4.0,
+                                      "original_max_position_embeddings": 8192},
                              rope_type="llama3", max_position_embeddings=131072)
     assert read_rope_config(to_new_form(LLAMA31_8B)) == cfg
     rope = RotaryEmbedding.from_config(LLAMA31_8B)
@@ -86,7 +87,7 @@ def test_llama31_in_both_forms():
 def test_qwen_yarn_with_the_legacy_type_key():
     cfg = read_rope_config(QWEN25_7B_YARN)
     assert cfg.head_dim == 128 and cfg.base == 1e6 and cfg.rope_type == "yarn"
-    assert cfg.scaling["factor"] == 4.0 and cfg.scaling["original_max_position"] == 32768
+    assert cfg.scaling["factor"] == 4.0 and cfg.scaling["original_max_position_embeddings"] == 32768
     rope = RotaryEmbedding.from_config(QWEN25_7B_YARN)
     assert rope.attention_factor == pytest.approx(0.1 * math.log(4) + 1)
     assert read_rope_config(to_new_form(QWEN25_7B_YARN)) == cfg
@@ -94,7 +95,7 @@ def test_qwen_yarn_with_the_legacy_type_key():
 
 def test_phi3_longrope_reads_the_top_level_original_length():
     cfg = read_rope_config(PHI3_MINI_128K)
-    assert cfg.head_dim == 96 and cfg.scaling["original_max_position"] == 4096
+    assert cfg.head_dim == 96 and cfg.scaling["original_max_position_embeddings"] == 4096
     assert cfg.scaling["factor"] == 32.0  # max_position_embeddings / original
     rope = RotaryEmbedding.from_config(PHI3_MINI_128K)
     assert rope.attention_factor == pytest.approx(math.sqrt(1 + math.log(32) / math.log(4096)))
@@ -145,7 +146,7 @@ def test_dynamic_uses_max_position_embeddings():
     config = {"head_dim": 64, "rope_theta": 1e4, "max_position_embeddings": 2048,
               "rope_scaling": {"rope_type": "dynamic", "factor": 2.0}, "model_type": "llama"}
     assert read_rope_config(config).scaling == {"type": "dynamic", "factor": 2.0,
-                                                "original_max_position": 2048}
+                                                "original_max_position_embeddings": 2048}
 
 
 def test_accepts_an_object_with_to_dict():

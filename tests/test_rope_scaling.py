@@ -88,26 +88,26 @@ def close(got, ref, rtol=2e-7):
 
 # --------------------------------------------------------------------------- llama3
 LLAMA31 = {"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-           "original_max_position": 8192}
+           "original_max_position_embeddings": 8192}
 
 
 @pytest.mark.parametrize("dim, base, params", [
     (128, 500000.0, LLAMA31),  # Llama 3.1 8B / 70B / 405B
     (64, 500000.0, {**LLAMA31, "factor": 32.0}),  # Llama 3.2 1B/3B: factor 32
     (128, 10000.0, {"factor": 4.0, "low_freq_factor": 2.0, "high_freq_factor": 8.0,
-                    "original_max_position": 2048}),
+                    "original_max_position_embeddings": 2048}),
 ])
 def test_llama3_matches_meta_apply_scaling(dim, base, params):
     theta, af = scaled_inv_freq(dim, base, {"type": "llama3", **params})
     ref = ref_llama3(dim, base, params["factor"], params["low_freq_factor"],
-                     params["high_freq_factor"], params["original_max_position"])
+                     params["high_freq_factor"], params["original_max_position_embeddings"])
     close(theta, ref)
     assert af == 1.0
 
 
 def test_llama31_bands():
     theta, _ = llama3_scaling(128, 500000.0, factor=8.0, low_freq_factor=1.0,
-                              high_freq_factor=4.0, original_max_position=8192)
+                              high_freq_factor=4.0, original_max_position_embeddings=8192)
     plain = inv_freq(128, 500000.0)
     wavelength = 2 * math.pi / plain.double()
     kept, divided = wavelength < 8192 / 4, wavelength > 8192
@@ -121,7 +121,7 @@ def test_llama31_bands():
 
 def test_llama3_equal_factors_is_a_step():  # Llama 4 Scout: low = high = 1
     theta, _ = llama3_scaling(128, 500000.0, factor=16.0, low_freq_factor=1.0,
-                              high_freq_factor=1.0, original_max_position=8192)
+                              high_freq_factor=1.0, original_max_position_embeddings=8192)
     plain = ref_theta(128, 500000.0)
     ref = np.where(2 * math.pi / plain > 8192, plain / 16, plain)
     close(theta, ref)
@@ -130,40 +130,42 @@ def test_llama3_equal_factors_is_a_step():  # Llama 4 Scout: low = high = 1
 
 # --------------------------------------------------------------------------- yarn
 @pytest.mark.parametrize("dim, base, params", [
-    (128, 1e6, {"factor": 4.0, "original_max_position": 32768}),  # Qwen2.5 YaRN
-    (64, 10000.0, {"factor": 40.0, "original_max_position": 4096, "mscale": 1.0,
+    (128, 1e6, {"factor": 4.0, "original_max_position_embeddings": 32768}),  # Qwen2.5 YaRN
+    (64, 10000.0, {"factor": 40.0, "original_max_position_embeddings": 4096, "mscale": 1.0,
                    "mscale_all_dim": 1.0}),  # DeepSeek-V3 (qk_rope_head_dim 64)
-    (64, 10000.0, {"factor": 40.0, "original_max_position": 4096, "mscale": 0.707,
+    (64, 10000.0, {"factor": 40.0, "original_max_position_embeddings": 4096, "mscale": 0.707,
                    "mscale_all_dim": 0.707}),  # DeepSeek-V2
-    (128, 10000.0, {"factor": 16.0, "original_max_position": 4096, "mscale": 1.0,
+    (128, 10000.0, {"factor": 16.0, "original_max_position_embeddings": 4096, "mscale": 1.0,
                     "mscale_all_dim": 0.5}),
-    (128, 150000.0, {"factor": 32.0, "original_max_position": 4096, "beta_fast": 32,
+    (128, 150000.0, {"factor": 32.0, "original_max_position_embeddings": 4096, "beta_fast": 32,
                      "beta_slow": 1, "truncate": False}),  # gpt-oss-like: no rounding
-    (16, 10000.0, {"factor": 2.0, "original_max_position": 64}),
+    (16, 10000.0, {"factor": 2.0, "original_max_position_embeddings": 64}),
 ])
 def test_yarn_matches_the_paper(dim, base, params):
     theta, af = scaled_inv_freq(dim, base, {"type": "yarn", **params})
     p = dict(params)
-    ref, ref_af = ref_yarn(dim, base, p.pop("factor"), p.pop("original_max_position"), **p)
+    ref, ref_af = ref_yarn(dim, base, p.pop("factor"), p.pop("original_max_position_embeddings"),
+                           **p)
     close(theta, ref)
     assert af == pytest.approx(ref_af, rel=1e-12)
 
 
 def test_yarn_attention_factors():
-    assert yarn_scaling(128, 1e6, factor=4.0, original_max_position=32768)[1] == pytest.approx(
+    assert yarn_scaling(128, 1e6, factor=4.0,
+                        original_max_position_embeddings=32768)[1] == pytest.approx(
         0.1 * math.log(4) + 1)
     # DeepSeek-V3: mscale == mscale_all_dim, so cos/sin are not scaled (its attention
     # multiplies the softmax scale by yarn_mscale(40, 1) ** 2 instead)
-    assert yarn_scaling(64, 1e4, factor=40.0, original_max_position=4096, mscale=1.0,
+    assert yarn_scaling(64, 1e4, factor=40.0, original_max_position_embeddings=4096, mscale=1.0,
                         mscale_all_dim=1.0)[1] == 1.0
-    assert yarn_scaling(64, 1e4, factor=40.0, original_max_position=4096,
+    assert yarn_scaling(64, 1e4, factor=40.0, original_max_position_embeddings=4096,
                         attention_factor=1.25)[1] == 1.25
     assert yarn_mscale(1.0) == 1.0 and yarn_mscale(0.5) == 1.0
     assert yarn_mscale(40.0, 1.0) == pytest.approx(0.1 * math.log(40) + 1)
 
 
 def test_yarn_truncate_changes_the_ramp():
-    kw = {"factor": 32.0, "original_max_position": 4096}
+    kw = {"factor": 32.0, "original_max_position_embeddings": 4096}
     a, _ = yarn_scaling(64, 150000.0, truncate=True, **kw)
     b, _ = yarn_scaling(64, 150000.0, truncate=False, **kw)
     assert not torch.equal(a, b)
@@ -174,7 +176,7 @@ def test_yarn_truncate_changes_the_ramp():
 # --------------------------------------------------------------------------- dynamic
 @pytest.mark.parametrize("seq_len", [None, 100, 4096, 4097, 8192, 20000])
 def test_dynamic_ntk_matches_formula(seq_len):
-    theta, af = dynamic_ntk_scaling(128, 10000.0, factor=2.0, original_max_position=4096,
+    theta, af = dynamic_ntk_scaling(128, 10000.0, factor=2.0, original_max_position_embeddings=4096,
                                     seq_len=seq_len)
     close(theta, ref_dynamic(128, 10000.0, 2.0, 4096, seq_len or 4096))
     assert af == 1.0
@@ -186,7 +188,7 @@ def test_rotary_dynamic_follows_the_length_like_hugging_face():
     """HF ``dynamic_rope_update``: grow past the largest length seen, reset under L0."""
     dim, orig = 16, 32
     rope = RotaryEmbedding(dim, scaling={"type": "dynamic", "factor": 2.0,
-                                         "original_max_position": orig})
+                                         "original_max_position_embeddings": orig})
     x = torch.randn(1, 1, 80, dim, generator=torch.Generator().manual_seed(0))
 
     def freqs_for(n):
@@ -213,7 +215,7 @@ def test_dynamic_kv_cache_caveat():
     """Keys cached before the base grew keep their old angles: scores then differ."""
     dim, orig = 16, 32
     rope = RotaryEmbedding(dim, scaling={"type": "dynamic", "factor": 4.0,
-                                         "original_max_position": orig})
+                                         "original_max_position_embeddings": orig})
     g = torch.Generator().manual_seed(1)
     q, k = torch.randn(1, 1, 64, dim, generator=g), torch.randn(1, 1, 64, dim, generator=g)
     cached = rope.rotate(k[:, :, :orig])  # the prompt, rotated with the original base
@@ -229,7 +231,7 @@ def test_dynamic_kv_cache_caveat():
 def test_longrope_matches_formula_and_switches_at_original_length():
     dim, base, orig = 96, 10000.0, 4096  # Phi-3-mini-128k: head_dim 96
     short, long = real_shaped_factors(48, 1.2, 0), real_shaped_factors(48, 60.0, 1)
-    params = {"short_factor": short, "long_factor": long, "original_max_position": orig,
+    params = {"short_factor": short, "long_factor": long, "original_max_position_embeddings": orig,
               "factor": 131072 / 4096}
     for seq_len, factors in ((None, short), (4096, short), (4097, long), (131072, long)):
         theta, af = longrope_scaling(dim, base, seq_len=seq_len, **params)
@@ -243,7 +245,8 @@ def test_rotary_longrope_uses_long_factors_past_the_original_length():
     dim, orig = 8, 16
     short, long = [1.0, 1.0, 1.5, 2.0], [1.0, 2.0, 4.0, 8.0]
     rope = RotaryEmbedding(dim, scaling={"type": "longrope", "short_factor": short,
-                                         "long_factor": long, "original_max_position": orig,
+                                         "long_factor": long,
+                                         "original_max_position_embeddings": orig,
                                          "factor": 4.0})
     x = torch.randn(1, 1, 40, dim, generator=torch.Generator().manual_seed(2))
     af = math.sqrt(1 + math.log(4) / math.log(orig))
@@ -298,7 +301,7 @@ def test_p_rope_composes_with_scaling_and_rejects_bad_p():
 # --------------------------------------------------------------------------- partial rotary
 @pytest.mark.parametrize("layout", ["half", "interleaved"])
 def test_partial_rotary_with_scaling_uses_the_rotary_dim(layout):
-    scaling = {"type": "yarn", "factor": 4.0, "original_max_position": 64}
+    scaling = {"type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64}
     rope = RotaryEmbedding(32, rotary_dim=8, layout=layout, scaling=scaling)
     ref, af = ref_yarn(8, 10000.0, 4.0, 64)
     close(rope.inv_freq, ref)
@@ -313,23 +316,24 @@ def test_partial_rotary_with_scaling_uses_the_rotary_dim(layout):
 # --------------------------------------------------------------------------- bad input
 @pytest.mark.parametrize("scaling, exc, name", [
     ({"type": "llama3", "factor": 8.0, "low_freq_factor": 4.0, "high_freq_factor": 1.0,
-      "original_max_position": 8192}, ValueError, "high_freq_factor"),
+      "original_max_position_embeddings": 8192}, ValueError, "high_freq_factor"),
     ({"type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0},
-     ValueError, "original_max_position"),
-    ({"type": "dynamic", "factor": 2.0}, ValueError, "original_max_position"),
-    ({"type": "dynamic", "factor": 2.0, "original_max_position": 32, "seq_len": 64},
+     ValueError, "original_max_position_embeddings"),
+    ({"type": "dynamic", "factor": 2.0}, ValueError, "original_max_position_embeddings"),
+    ({"type": "dynamic", "factor": 2.0, "original_max_position_embeddings": 32, "seq_len": 64},
      ValueError, "seq_len"),
     ({"type": "longrope", "short_factor": [1.0] * 3, "long_factor": [1.0] * 4,
-      "original_max_position": 32, "factor": 2.0}, ValueError, "short_factor"),
+      "original_max_position_embeddings": 32, "factor": 2.0}, ValueError, "short_factor"),
     ({"type": "longrope", "short_factor": [1.0] * 4, "long_factor": [1.0, 2.0, 0.0, 1.0],
-      "original_max_position": 32, "factor": 2.0}, ValueError, r"long_factor\[2\]"),
+      "original_max_position_embeddings": 32, "factor": 2.0}, ValueError, r"long_factor\[2\]"),
     ({"type": "longrope", "short_factor": [1.0] * 4, "long_factor": [1.0] * 4,
-      "original_max_position": 32}, ValueError, "factor"),
+      "original_max_position_embeddings": 32}, ValueError, "factor"),
     ({"type": "longrope", "short_factor": 1.0, "long_factor": [1.0] * 4,
-      "original_max_position": 32, "factor": 2.0}, TypeError, "short_factor"),
-    ({"type": "yarn", "factor": 4.0, "original_max_position": 64, "mscale": "x"},
+      "original_max_position_embeddings": 32, "factor": 2.0}, TypeError, "short_factor"),
+    ({"type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64, "mscale": "x"},
      TypeError, "mscale"),
-    ({"type": "yarn", "factor": 4.0, "original_max_position": 64, "attention_factor": -1.0},
+    ({"type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64,
+      "attention_factor": -1.0},
      ValueError, "attention_factor"),
     ({"type": "llama4", "factor": 4.0}, ValueError, "llama4"),
 ])
@@ -340,9 +344,28 @@ def test_bad_scaling_names_the_argument(scaling, exc, name):
         RotaryEmbedding(8, scaling=scaling)
 
 
+@pytest.mark.parametrize("kind, params", [
+    ("dynamic", {"factor": 2.0}),
+    ("yarn", {"factor": 4.0}),
+    ("longrope", {"short_factor": [1.0] * 4, "long_factor": [1.0] * 4, "factor": 2.0}),
+    ("llama3", {"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0}),
+])
+def test_the_short_key_original_max_position_is_refused_by_name(kind, params):
+    # one spelling, Hugging Face's: the short key is unknown, and the error says so
+    # (before the missing original_max_position_embeddings)
+    scaling = {"type": kind, **params, "original_max_position": 32}
+    with pytest.raises(ValueError, match=r"unknown key\(s\) 'original_max_position';.*"
+                                         r"original_max_position_embeddings"):
+        scaled_inv_freq(8, 10000.0, scaling)
+    with pytest.raises(ValueError, match="'original_max_position'"):
+        RotaryEmbedding(8, scaling=scaling)
+    assert RotaryEmbedding(8, scaling={"type": kind, **params,
+                                       "original_max_position_embeddings": 32}).scaling
+
+
 def test_nothing_is_nan_for_extreme_lengths():
-    for scaling in ({"type": "dynamic", "factor": 8.0, "original_max_position": 16},
-                    {"type": "yarn", "factor": 64.0, "original_max_position": 16}):
+    for scaling in ({"type": "dynamic", "factor": 8.0, "original_max_position_embeddings": 16},
+                    {"type": "yarn", "factor": 64.0, "original_max_position_embeddings": 16}):
         rope = RotaryEmbedding(8, scaling=scaling)
         out = rope.rotate(torch.ones(1, 1, 3, 8), torch.tensor([0, 5000, 100000]))
         assert bool(torch.isfinite(out).all()) and bool(torch.isfinite(rope.inv_freq).all())
@@ -372,14 +395,14 @@ def test_which_rules_follow_the_length_and_when_they_change():
     assert {k for k in ROPE_SCALINGS if depends_on_length(k)} == {"dynamic", "longrope"}
     with pytest.raises(ValueError, match="scaling\\['type'\\]"):
         depends_on_length("nope")
-    dyn = {"type": "dynamic", "factor": 2, "original_max_position": 256}
+    dyn = {"type": "dynamic", "factor": 2, "original_max_position_embeddings": 256}
     steps, current = [], None
     for end in (100, 300, 600, 400, 200, 700):
         current = seq_len_after(dyn, end, current)
         steps.append(current)
     assert steps == [None, 300, 600, 600, None, 700]
     lr = {"type": "longrope", "short_factor": [1.0], "long_factor": [2.0],
-          "original_max_position": 256, "factor": 4}
+          "original_max_position_embeddings": 256, "factor": 4}
     steps, current = [], None
     for end in (100, 300, 600, 200, 257):
         current = seq_len_after(lr, end, current)

@@ -120,7 +120,7 @@ def test_window_fully_masked_rows_zero_in_every_backend_with_gradients():
 @pytest.mark.parametrize("key", ["rope", "alibi", "t5", "sinusoidal"])
 def test_window_kv_cache_decoding_equals_full_forward(key, backend):
     torch.manual_seed(0)
-    model = TinyLM(key, d_model=D, n_layers=2, n_heads=H, n_kv_heads=KV, max_len=64,
+    model = TinyLM(key, d_model=D, n_layers=2, n_heads=H, n_kv_heads=KV, max_positions=64,
                    backend=backend, window=3, encoding_kwargs={"init_std": 1.0} if key == "t5"
                    else None).eval()
     ids = torch.randint(0, 256, (2, 10))
@@ -131,7 +131,7 @@ def test_window_kv_cache_decoding_equals_full_forward(key, backend):
         caches = model.new_caches()
         cuts = ((0, 4), (4, 5), (5, 10))
         chunks = torch.cat([model(ids[:, a:b], caches=caches) for a, b in cuts], 1)
-        no_window = TinyLM(key, d_model=D, n_layers=2, n_heads=H, n_kv_heads=KV, max_len=64,
+        no_window = TinyLM(key, d_model=D, n_layers=2, n_heads=H, n_kv_heads=KV, max_positions=64,
                            backend=backend, encoding_kwargs={"init_std": 1.0} if key == "t5"
                            else None).eval()(ids)
     torch.testing.assert_close(steps, full, rtol=1e-4, atol=1e-4)

@@ -124,4 +124,6 @@ def test_recorded_benchmark_runs_carry_their_spread_and_pass_their_control():
         controls = [r for r in records if r.case == "nope/sdpa" and r.ok and r.ratio_range]
         for r in controls:
             low, high = r.ratio_range
-            assert abs(r.ratio - 1) <= high - low < 0.1, (path.name, r.group)
+            # 1 within its spread; a spread past 0.3 would leave the run unable to resolve
+            # any ratio chapter 5 states (it states each claim against this noise)
+            assert abs(r.ratio - 1) <= high - low < 0.3, (path.name, r.group)

@@ -46,7 +46,7 @@ META = torch.device("meta")
 def gpu_like(monkeypatch):
     """The GPU's answers where ``meta`` has none: compute capability 7.5, no key row."""
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (7, 5))
-    with backends.assume_kernels("meta", key_row=False):
+    with backends.assume_kernels("meta", key_bias=False):
         yield
     backends.clear_caches()
 

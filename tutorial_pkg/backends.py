@@ -26,8 +26,8 @@ tolerance (tested for every encoding). ``compile`` matters to ``"flex"`` only.
   to sdpa: ...") and computes ``"sdpa"``.
 * ``"auto"``: the default. Where the encoding has a key-only form
   (:meth:`~tutorial_pkg.encodings.PositionEncoding.key_bias`, causal ALiBi and the hybrid)
-  and :func:`key_row_supported` has proven the kernel right, SDPA's fused causal kernel with
-  that float32 row ``(1 or b, H, 1, L_k)`` (:func:`auto_key_row`, :func:`key_row`); else
+  and :func:`key_bias_supported` has proven the kernel right, SDPA's fused causal kernel with
+  that float32 row ``(1 or b, H, 1, L_k)`` (:func:`auto_key_bias`, :func:`sdpa_key_bias`); else
   ``"sdpa"``.
 
 Caches are bounded: per encoding (held weakly) at most :data:`MAX_CACHED_TABLES` bias
@@ -84,17 +84,17 @@ __all__ = [
     "assume_kernels",
     "flex_available",
     "cached_bias",
-    "cached_key_row",
+    "cached_key_bias",
     "cached_tensors",
     "cache_info",
     "clear_caches",
-    "key_row_supported",
-    "probe_key_row",
+    "key_bias_supported",
+    "probe_key_bias",
     "naive",
     "sdpa",
     "auto",
-    "auto_key_row",
-    "key_row",
+    "auto_key_bias",
+    "sdpa_key_bias",
     "flex_blocker",
     "flex_block_mask",
     "flex_kernel",
@@ -118,13 +118,13 @@ class KernelRules:
         float32_mask: SDPA takes a float32 mask with 16-bit q and adds it in float32
             (CPU). Where False (CUDA) the mask must have q's dtype, and a 16-bit bias is
             shifted per row before rounding (softmax is shift invariant).
-        key_row: the answer of :func:`key_row_supported` for every dtype; None = probe.
+        key_bias: the answer of :func:`key_bias_supported` for every dtype; None = probe.
         flex: FlexAttention runs on this device type.
         flex_backward: FlexAttention has a backward there (not on CPU in torch 2.13).
     """
 
     float32_mask: bool = False
-    key_row: bool | None = None
+    key_bias: bool | None = None
     flex: bool = False
     flex_backward: bool = False
 
@@ -147,7 +147,7 @@ def kernel_rules(device_type: str) -> KernelRules:
 @contextlib.contextmanager
 def assume_kernels(device_type: str, **rules):
     """Within the ``with`` block, follow ``rules`` (fields of :class:`KernelRules`) on
-    ``device_type``: e.g. the GPU's ``float32_mask=False, key_row=False`` on ``"cpu"``.
+    ``device_type``: e.g. the GPU's ``float32_mask=False, key_bias=False`` on ``"cpu"``.
     Unknown fields raise ``TypeError``."""
     missing = object()
     before = KERNEL_RULES.get(device_type, missing)
@@ -179,7 +179,7 @@ def _kernel_kwargs(q: torch.Tensor, k: torch.Tensor, plan: AttentionPlan) -> dic
 # --------------------------------------------------------------------------- caches
 _tables: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 _block_masks: OrderedDict = OrderedDict()
-_key_row_ok: dict = {}
+_key_bias_ok: dict = {}
 _compiled_flex: dict = {}  # dynamic (bool) -> compiled flex_attention
 
 
@@ -278,7 +278,7 @@ def _to_mask_dtype(
     return bias.to(dtype)
 
 
-def cached_key_row(encoding: PositionEncoding, k_len: int, *, device) -> torch.Tensor | None:
+def cached_key_bias(encoding: PositionEncoding, k_len: int, *, device) -> torch.Tensor | None:
     """The encoding's ``key_bias`` for keys ``0..k_len-1`` as ``(1, H, 1, k_len)``, cached.
 
     Float32 whatever the dtype of q and k (float64 for float64 slopes): the row holds
@@ -309,11 +309,11 @@ def cached_tensors(encoding: PositionEncoding) -> list[torch.Tensor]:
 
 def cache_info() -> dict:
     """What this module holds: ``tables`` (bias tables and key rows, all encodings),
-    ``block_masks``, ``key_row_probes`` (``{(device type, dtype, gqa): bool}``, the
+    ``block_masks``, ``key_bias_probes`` (``{(device type, dtype, gqa): bool}``, the
     probes' answers) and ``compiled_flex`` (the ``dynamic`` flags compiled so far)."""
     return {"tables": sum(len(t) for t in _tables.values()),
             "block_masks": len(_block_masks),
-            "key_row_probes": dict(_key_row_ok),
+            "key_bias_probes": dict(_key_bias_ok),
             "compiled_flex": tuple(sorted(_compiled_flex))}
 
 
@@ -423,27 +423,27 @@ def sdpa(q, k, v, plan: AttentionPlan, encoding: PositionEncoding, *, dropout_p:
 
 
 # --------------------------------------------------------------------------- auto
-def key_row_supported(device: torch.device, dtype: torch.dtype, gqa: bool) -> bool:
+def key_bias_supported(device: torch.device, dtype: torch.dtype, gqa: bool) -> bool:
     """Does SDPA add a float key row *and* apply ``is_causal`` here, exactly? (cached).
 
     ``"auto"`` relies on it, although PyTorch's documentation calls ``attn_mask`` with
-    ``is_causal=True`` an error. :func:`probe_key_row` answers, once per (device type,
+    ``is_causal=True`` an error. :func:`probe_key_bias` answers, once per (device type,
     dtype, GQA); where nothing can run (meta, ``FakeTensorMode``, tracing) the answer is
-    False and is not kept. A :class:`KernelRules` ``key_row`` answers instead.
+    False and is not kept. A :class:`KernelRules` ``key_bias`` answers instead.
     """
     device = torch.device(device)
-    assumed = kernel_rules(device.type).key_row
+    assumed = kernel_rules(device.type).key_bias
     if assumed is not None:
         return assumed
     key = (device.type, dtype, gqa)
-    if key in _key_row_ok:
-        return _key_row_ok[key]
+    if key in _key_bias_ok:
+        return _key_bias_ok[key]
     if torch.compiler.is_compiling():
         return False  # never probe while tracing; the next eager call will
-    ok = probe_key_row(device, dtype, gqa)
+    ok = probe_key_bias(device, dtype, gqa)
     if ok is None:
         return False
-    _key_row_ok[key] = ok
+    _key_bias_ok[key] = ok
     return ok
 
 
@@ -452,8 +452,8 @@ _FUSED = (SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION,
           SDPBackend.CUDNN_ATTENTION)
 
 
-def probe_key_row(device, dtype: torch.dtype, gqa: bool) -> bool | None:
-    """The check of :func:`key_row_supported`, run now (nothing cached).
+def probe_key_bias(device, dtype: torch.dtype, gqa: bool) -> bool | None:
+    """The check of :func:`key_bias_supported`, run now (nothing cached).
 
     A tiny problem whose keys sit at positions 4096+ (a row rounded to 16 bits fails
     there): ``scaled_dot_product_attention(q, k, v, attn_mask=row, is_causal=True)``,
@@ -517,7 +517,7 @@ def probe_key_row(device, dtype: torch.dtype, gqa: bool) -> bool | None:
     return True
 
 
-def auto_key_row(q, k, plan: AttentionPlan, encoding: PositionEncoding, *, dropout_p: float):
+def auto_key_bias(q, k, plan: AttentionPlan, encoding: PositionEncoding, *, dropout_p: float):
     """The float key row ``(1 or b, H, 1, L_k)`` for the ``"auto"`` path, or None (use sdpa)."""
     if dropout_p or plan.has_documents or plan.windowed or not _overrides(encoding, "key_bias"):
         return None
@@ -526,19 +526,19 @@ def auto_key_row(q, k, plan: AttentionPlan, encoding: PositionEncoding, *, dropo
     if plan.causal and plan.s > 1 and not plan.whole_sequence:
         return None
     if plan.default_positions:
-        row = cached_key_row(encoding, plan.k_len, device=q.device)
+        row = cached_key_bias(encoding, plan.k_len, device=q.device)
     else:
         row = encoding.key_bias(plan.k_pos)
         row = None if row is None else _as_4d(row)
     if row is None or (row.requires_grad and torch.is_grad_enabled()):
         return None  # no key-only form, or a learnable bias (fused kernels give no mask grad)
-    if not key_row_supported(q.device, q.dtype, q.shape[1] != k.shape[1]):
+    if not key_bias_supported(q.device, q.dtype, q.shape[1] != k.shape[1]):
         return None
     return row
 
 
-def key_row(q, k, v, plan: AttentionPlan, row: torch.Tensor):
-    """SDPA's fused kernel with ``is_causal`` and a float key row (see :func:`auto_key_row`)."""
+def sdpa_key_bias(q, k, v, plan: AttentionPlan, row: torch.Tensor):
+    """SDPA's fused kernel with ``is_causal`` and a float key row (see :func:`auto_key_bias`)."""
     is_causal = plan.causal and plan.s > 1
     mask = row.to(torch.float64 if q.dtype == torch.float64 else torch.float32)
     if plan.key_padding_mask is not None:
@@ -554,12 +554,12 @@ def key_row(q, k, v, plan: AttentionPlan, row: torch.Tensor):
 
 def auto(q, k, v, plan: AttentionPlan, encoding: PositionEncoding, *, dropout_p: float = 0.0,
          compile: bool = True):
-    """The key row with the fused causal kernel where :func:`auto_key_row` gives one, else
+    """The key row with the fused causal kernel where :func:`auto_key_bias` gives one, else
     :func:`sdpa`."""
-    row = auto_key_row(q, k, plan, encoding, dropout_p=dropout_p)
+    row = auto_key_bias(q, k, plan, encoding, dropout_p=dropout_p)
     if row is None:
         return sdpa(q, k, v, plan, encoding, dropout_p=dropout_p)
-    return key_row(q, k, v, plan, row)
+    return sdpa_key_bias(q, k, v, plan, row)
 
 
 # --------------------------------------------------------------------------- flex

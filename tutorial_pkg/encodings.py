@@ -112,7 +112,7 @@ class PositionEncoding(nn.Module):
     :data:`~tutorial_pkg.registry.ENCODINGS`
     and calls :meth:`build` with the model's sizes; the default :meth:`build` passes
     each size the constructor asks for by name (``d_model``, ``n_heads``,
-    ``head_dim``, ``max_len``), so a new encoding needs no code outside its class.
+    ``head_dim``, ``max_positions``), so a new encoding needs no code outside its class.
     """
 
     name: ClassVar[str] = "base"
@@ -129,7 +129,7 @@ class PositionEncoding(nn.Module):
         d_model: int | None = None,
         n_heads: int | None = None,
         head_dim: int | None = None,
-        max_len: int | None = None,
+        max_positions: int | None = None,
         **kwargs,
     ) -> PositionEncoding:
         """Build from a model's sizes: each size the constructor names is passed.
@@ -138,7 +138,7 @@ class PositionEncoding(nn.Module):
         naming it; keyword arguments the constructor does not take raise ``TypeError``.
         """
         sizes = {"d_model": d_model, "n_heads": n_heads, "head_dim": head_dim,
-                 "max_len": max_len}
+                 "max_positions": max_positions}
         params = inspect.signature(cls.__init__).parameters
         for arg, value in sizes.items():
             if arg not in params or arg in kwargs:
@@ -264,20 +264,20 @@ class Sinusoidal(PositionEncoding):
 
 
 class Learned(PositionEncoding):
-    """Learned absolute position embeddings (GPT-2 style); at most ``max_len`` positions.
+    """Learned absolute position embeddings (GPT-2 style); at most ``max_positions`` positions.
 
     Args:
         d_model: model width.
-        max_len: number of learned positions; later positions raise ``ValueError``.
+        max_positions: number of learned positions; later positions raise ``ValueError``.
     """
 
     name = "learned"
 
-    def __init__(self, d_model: int, max_len: int) -> None:
+    def __init__(self, d_model: int, max_positions: int) -> None:
         super().__init__()
         check_positive_int("d_model", d_model)
-        self.max_len = self.max_positions = check_positive_int("max_len", max_len)
-        self.table = nn.Embedding(max_len, d_model)
+        self.max_positions = check_positive_int("max_positions", max_positions)
+        self.table = nn.Embedding(max_positions, d_model)
         nn.init.normal_(self.table.weight, std=0.02)
 
     def embed(self, x, positions):
@@ -288,10 +288,10 @@ class Learned(PositionEncoding):
         # max_positions on the host, so a GPU run needs no read back for them
         if positions.numel() and values_readable(positions):
             top = int(positions.max())
-            if top >= self.max_len:
+            if top >= self.max_positions:
                 raise ValueError(
-                    f"positions must be < max_len={self.max_len} for learned embeddings, got "
-                    f"{top} (they cannot extrapolate)"
+                    f"positions must be < max_positions={self.max_positions} for learned "
+                    f"embeddings, got {top} (they cannot extrapolate)"
                 )
         return x + self.table(positions.to(x.device)).to(x.dtype)
 
@@ -348,7 +348,8 @@ class Rotary(PositionEncoding):
         return cls(rope, base, **options)
 
     @classmethod
-    def build(cls, *, d_model=None, n_heads=None, head_dim=None, max_len=None, **options):
+    def build(cls, *, d_model=None, n_heads=None, head_dim=None, max_positions=None,
+              **options):
         """``cls(head_dim, **options)``: RoPE needs the model's ``head_dim`` only."""
         return cls(_need_size(cls, "head_dim", head_dim), **options)
 
@@ -554,7 +555,8 @@ class Hybrid(PositionEncoding):
             self.static_bias = False  # the bias changes as training moves log_scale
 
     @classmethod
-    def build(cls, *, d_model=None, n_heads=None, head_dim=None, max_len=None, **options):
+    def build(cls, *, d_model=None, n_heads=None, head_dim=None, max_positions=None,
+              **options):
         """``cls(head_dim, n_heads, **options)``: the model's sizes of both parts."""
         return cls(_need_size(cls, "head_dim", head_dim), _need_size(cls, "n_heads", n_heads),
                    **options)

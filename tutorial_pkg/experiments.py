@@ -267,7 +267,7 @@ def build_model(
         cfg: the experiment configuration.
         encoding_kwargs: extra arguments for a named encoding.
 
-    The learned table gets ``max_len = cfg.train_len``: it can represent exactly the
+    The learned table gets ``max_positions = cfg.train_len``: it can represent exactly the
     positions it is trained on.
     """
     cfg = _check_config(cfg)
@@ -278,7 +278,7 @@ def build_model(
         check_choice("encoding", encoding, ENCODINGS)
     return TinyLM(
         encoding, d_model=cfg.d_model, n_layers=cfg.n_layers, n_heads=cfg.n_heads,
-        max_len=cfg.train_len, backend=cfg.backend, seed=cfg.seed,
+        max_positions=cfg.train_len, backend=cfg.backend, seed=cfg.seed,
         encoding_kwargs=encoding_kwargs,
     ).to(cfg.resolved_device())
 
@@ -379,7 +379,7 @@ def train(
 def position_limit(model: TinyLM) -> int | None:
     """The number of positions the model's encoding can represent, or ``None`` if unbounded.
 
-    The learned table knows ``max_len`` positions; a RoPE with ``max_positions`` set
+    The learned table knows ``max_positions`` positions; a RoPE with ``max_positions`` set
     refuses positions past it. Every other encoding accepts any position.
     """
     return model.encoding.max_positions  # declared by the encoding (None: any position)
@@ -390,7 +390,7 @@ def scaling_for(scaling: str | None, eval_len: int, train_len: int) -> dict | No
 
     ``factor = eval_len / train_len``: ``"linear"`` (position interpolation, Chen et al.,
     2023), ``"ntk"`` (NTK-aware base change, bloc97), ``"yarn"`` (Peng et al., 2024,
-    with ``original_max_position = train_len``). ``None`` gives ``None`` (no scaling).
+    with ``original_max_position_embeddings = train_len``). ``None``: no scaling.
     """
     if scaling is None:
         return None
@@ -399,7 +399,7 @@ def scaling_for(scaling: str | None, eval_len: int, train_len: int) -> dict | No
     check_positive_int("train_len", train_len)
     factor = eval_len / train_len
     if scaling == "yarn":
-        return {"type": "yarn", "factor": factor, "original_max_position": train_len}
+        return {"type": "yarn", "factor": factor, "original_max_position_embeddings": train_len}
     return {"type": scaling, "factor": factor}
 
 

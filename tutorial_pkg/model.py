@@ -51,7 +51,8 @@ class TinyLM(nn.Module):
         d_model: width.
         n_layers: number of blocks.
         n_heads: attention heads.
-        max_len: positions the learned encoding knows (needed only for ``"learned"``).
+        max_positions: positions the learned encoding knows (needed only for ``"learned"``;
+            the other encodings take any position and ignore it).
         d_ff: MLP width (default ``4 * d_model``).
         dropout: dropout probability.
         backend: attention backend (``"auto"``, the default of
@@ -75,7 +76,7 @@ class TinyLM(nn.Module):
         d_model: int = 128,
         n_layers: int = 4,
         n_heads: int = 4,
-        max_len: int | None = None,
+        max_positions: int | None = None,
         d_ff: int | None = None,
         dropout: float = 0.0,
         backend: str = "auto",
@@ -101,10 +102,15 @@ class TinyLM(nn.Module):
                 f"encoding must be a name, a PositionEncoding, a LayerSchedule or a list of "
                 f"names or PositionEncodings, got {type(encoding).__name__}"
             )
+        if encoding_kwargs and "max_positions" in encoding_kwargs:
+            # one max_positions per model: the learned table's size, which RoPE ignores
+            raise ValueError("encoding_kwargs must not hold 'max_positions' (TinyLM's own "
+                             "argument); a RoPE that refuses positions past N is an instance: "
+                             "Rotary(head_dim, max_positions=N)")
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed + 1)
             build = lambda name: make_encoding(  # noqa: E731
-                name, d_model=d_model, n_heads=n_heads, max_len=max_len,
+                name, d_model=d_model, n_heads=n_heads, max_positions=max_positions,
                 **(encoding_kwargs or {}),
             )
             if isinstance(encoding, str):

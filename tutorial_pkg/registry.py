@@ -88,7 +88,7 @@ def make_encoding(
     d_model: int | None = None,
     n_heads: int | None = None,
     head_dim: int | None = None,
-    max_len: int | None = None,
+    max_positions: int | None = None,
     **kwargs,
 ) -> PositionEncoding | LayerSchedule:
     """Build an encoding (or a schedule) by name from the model's sizes.
@@ -96,9 +96,12 @@ def make_encoding(
     The registry :data:`ENCODINGS` is the dispatch: the class registered under
     ``name`` is built by its ``build`` classmethod, which passes each size its
     constructor asks for. So ``sinusoidal`` and ``learned`` use ``d_model``
-    (``learned`` also ``max_len``), ``rope`` and the schedules use ``head_dim``
-    (default ``d_model // n_heads``), ``alibi`` uses ``n_heads``, ``hybrid`` both.
-    Extra keyword arguments go to the constructor.
+    (``learned`` also ``max_positions``, the size of its table), ``rope`` and the
+    schedules use ``head_dim`` (default ``d_model // n_heads``), ``alibi`` uses
+    ``n_heads``, ``hybrid`` both. ``max_positions`` is the model's size, like the
+    others: the encodings that take any position ignore it (a RoPE that refuses
+    positions past ``N`` is ``Rotary(head_dim, max_positions=N)``). Extra keyword
+    arguments go to the constructor.
 
     Raises:
         ValueError: an unknown ``name``, a size the class needs that is missing, or
@@ -120,5 +123,5 @@ def make_encoding(
         head_dim = d_model // n_heads
     cls = ENCODINGS[name]
     _check_class(f"ENCODINGS[{name!r}]", cls)
-    return cls.build(d_model=d_model, n_heads=n_heads, head_dim=head_dim, max_len=max_len,
-                     **kwargs)
+    return cls.build(d_model=d_model, n_heads=n_heads, head_dim=head_dim,
+                     max_positions=max_positions, **kwargs)

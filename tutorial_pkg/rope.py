@@ -338,9 +338,9 @@ class RotaryEmbedding(nn.Module):
             Rules that depend on the current length (``"dynamic"``, ``"longrope"``) are
             re-evaluated at each call for ``seq_len`` = the largest position + 1, as
             Hugging Face's ``dynamic_rope_update`` does: ``"longrope"`` uses its long
-            factors when ``seq_len > original_max_position``; ``"dynamic"`` grows its
+            factors when ``seq_len > original_max_position_embeddings``; ``"dynamic"`` grows its
             base when ``seq_len`` exceeds the largest length seen so far and returns
-            to the original base when ``seq_len < original_max_position``. Keys
+            to the original base when ``seq_len < original_max_position_embeddings``. Keys
             already in a KV cache keep the angles they were rotated with.
         p_rope: p-RoPE's ``p`` in ``[0, 1]``: only the highest fraction ``p`` of the
             frequencies rotate (:func:`~tutorial_pkg.rope_scaling.p_rope_inv_freq`),

@@ -410,9 +410,11 @@ def read_rope_config(config, *, layer_type: str | None = None,
         if max_pos is None:
             raise ValueError("missing key 'max_position_embeddings' (the length past which "
                              "dynamic NTK grows the base)")
-        scaling = {"type": "dynamic", "factor": rope["factor"], "original_max_position": max_pos}
+        scaling = {"type": "dynamic", "factor": rope["factor"],
+                   "original_max_position_embeddings": max_pos}
     elif rope_type == "yarn":
-        scaling = {"type": "yarn", "factor": rope["factor"], "original_max_position": original,
+        scaling = {"type": "yarn", "factor": rope["factor"],
+                   "original_max_position_embeddings": original,
                    "beta_fast": rope.get("beta_fast") or 32.0,
                    "beta_slow": rope.get("beta_slow") or 1.0,
                    "truncate": rope.get("truncate", True)}
@@ -427,14 +429,15 @@ def read_rope_config(config, *, layer_type: str | None = None,
                                  "rope_type 'longrope'")
             factor = max_pos / original
         scaling = {"type": "longrope", "short_factor": list(rope["short_factor"]),
-                   "long_factor": list(rope["long_factor"]), "original_max_position": original,
-                   "factor": factor}
+                   "long_factor": list(rope["long_factor"]),
+                   "original_max_position_embeddings": original, "factor": factor}
         if rope.get("attention_factor") is not None:
             scaling["attention_factor"] = rope["attention_factor"]
     elif rope_type == "llama3":
         scaling = {"type": "llama3", "factor": rope["factor"],
                    "low_freq_factor": rope["low_freq_factor"],
-                   "high_freq_factor": rope["high_freq_factor"], "original_max_position": original}
+                   "high_freq_factor": rope["high_freq_factor"],
+                   "original_max_position_embeddings": original}
     if rotary_dim < 2 or rotary_dim % 2:
         raise ValueError(f"the rotary dimension int(head_dim * partial_rotary_factor) = "
                          f"{rotary_dim} must be even and >= 2 (head_dim={head_dim}, "

@@ -106,13 +106,13 @@ def ntk_scaling(dim: int, base: float, *, factor: float, device=None):
 
 
 def dynamic_ntk_scaling(
-    dim: int, base: float, *, factor: float, original_max_position: int,
+    dim: int, base: float, *, factor: float, original_max_position_embeddings: int,
     seq_len: int | None = None, device=None,
 ):
     """Dynamic NTK (emozilla, 2023; Hugging Face ``"dynamic"``): the base grows with the length.
 
-    With ``L = max(seq_len, original_max_position)`` (``seq_len=None``: ``L`` is the
-    original length) and ``L0 = original_max_position``::
+    With ``L = max(seq_len, original_max_position_embeddings)`` (``seq_len=None``: ``L`` is the
+    original length) and ``L0 = original_max_position_embeddings``::
 
         base' = base * (factor * L / L0 - (factor - 1)) ** (dim / (dim - 2))
 
@@ -124,7 +124,8 @@ def dynamic_ntk_scaling(
     ``m - n`` alone.
     """
     factor = check_positive_float("factor", factor)
-    original = check_positive_int("original_max_position", original_max_position)
+    original = check_positive_int("original_max_position_embeddings",
+                                  original_max_position_embeddings)
     length = original if seq_len is None else max(check_positive_int("seq_len", seq_len), original)
     new_base = _ntk_base(dim, base, factor * length / original - (factor - 1))
     return _theta64(dim, new_base, device).float(), 1.0
@@ -141,7 +142,7 @@ def yarn_scaling(
     base: float,
     *,
     factor: float,
-    original_max_position: int,
+    original_max_position_embeddings: int,
     beta_fast: float = 32.0,
     beta_slow: float = 1.0,
     attention_factor: float | None = None,
@@ -153,7 +154,7 @@ def yarn_scaling(
     """YaRN (Peng et al., 2024): interpolate only the low frequencies, plus a temperature.
 
     Pair ``j`` turns ``L0 * theta_j / (2 pi)`` times over the original context
-    ``L0 = original_max_position``. Pairs turning more than ``beta_fast`` times
+    ``L0 = original_max_position_embeddings``. Pairs turning more than ``beta_fast`` times
     keep their frequency, those turning less than ``beta_slow`` times are divided
     by ``factor``, with a linear ramp over the pair index between (its ends
     rounded outwards when ``truncate``, as in the paper's code).
@@ -164,7 +165,8 @@ def yarn_scaling(
     ``0.1 ln(factor) + 1``. Hugging Face ``"yarn"`` (transformers 5).
     """
     factor = check_positive_float("factor", factor)
-    original = check_positive_int("original_max_position", original_max_position)
+    original = check_positive_int("original_max_position_embeddings",
+                                  original_max_position_embeddings)
     beta_fast = check_positive_float("beta_fast", beta_fast)
     beta_slow = check_positive_float("beta_slow", beta_slow)
     if beta_fast <= beta_slow:
@@ -224,7 +226,7 @@ def longrope_scaling(
     *,
     short_factor: Sequence[float],
     long_factor: Sequence[float],
-    original_max_position: int,
+    original_max_position_embeddings: int,
     factor: float | None = None,
     attention_factor: float | None = None,
     seq_len: int | None = None,
@@ -233,21 +235,22 @@ def longrope_scaling(
     """LongRoPE (Ding et al., 2024; Phi-3): one searched divisor per frequency.
 
     ``theta_j = base ** (-2j / dim) / f_j`` with ``f = long_factor`` when the
-    current length ``seq_len`` exceeds ``original_max_position``, ``short_factor``
+    current length ``seq_len`` exceeds ``original_max_position_embeddings``, ``short_factor``
     otherwise (and for ``seq_len=None``). Both lists have ``dim // 2`` entries.
     The attention factor is ``attention_factor`` if given, else
-    ``sqrt(1 + ln(factor) / ln(original_max_position))`` (1 for ``factor <= 1``),
+    ``sqrt(1 + ln(factor) / ln(original_max_position_embeddings))`` (1 for ``factor <= 1``),
     with ``factor`` the context extension ratio (Phi-3: ``max_position_embeddings /
     original_max_position_embeddings``). Hugging Face ``"longrope"``.
     """
-    original = check_positive_int("original_max_position", original_max_position)
+    original = check_positive_int("original_max_position_embeddings",
+                                  original_max_position_embeddings)
     short = _factor_list("short_factor", short_factor, dim // 2, device)
     long = _factor_list("long_factor", long_factor, dim // 2, device)
     if attention_factor is not None:
         attention_factor = check_positive_float("attention_factor", attention_factor)
     elif factor is None:
         raise ValueError("longrope needs factor (the extension ratio, e.g. max_position_embeddings"
-                         " / original_max_position) or attention_factor")
+                         " / original_max_position_embeddings) or attention_factor")
     else:
         factor = check_positive_float("factor", factor)
         attention_factor = (
@@ -266,12 +269,12 @@ def llama3_scaling(
     factor: float,
     low_freq_factor: float,
     high_freq_factor: float,
-    original_max_position: int,
+    original_max_position_embeddings: int,
     device=None,
 ):
     """Llama 3.1's rule (Hugging Face ``"llama3"``): long wavelengths / ``factor``, a smooth band.
 
-    With ``L0 = original_max_position`` and wavelength ``lambda_j = 2 pi / theta_j``:
+    With ``L0 = original_max_position_embeddings`` and wavelength ``lambda_j = 2 pi / theta_j``:
     pairs with ``lambda_j < L0 / high_freq_factor`` keep their frequency, pairs with
     ``lambda_j > L0 / low_freq_factor`` are divided by ``factor``, and in between
     ``theta_j' = (1 - s) theta_j / factor + s theta_j`` with
@@ -282,7 +285,8 @@ def llama3_scaling(
     factor = check_positive_float("factor", factor)
     low = check_positive_float("low_freq_factor", low_freq_factor)
     high = check_positive_float("high_freq_factor", high_freq_factor)
-    original = check_positive_int("original_max_position", original_max_position)
+    original = check_positive_int("original_max_position_embeddings",
+                                  original_max_position_embeddings)
     if high < low:
         raise ValueError(f"high_freq_factor must be >= low_freq_factor, got "
                          f"high_freq_factor={high}, low_freq_factor={low}")
@@ -355,15 +359,15 @@ def seq_len_after(scaling: dict | None, end: int, current: int | None) -> int | 
     ``end - 1`` arrive, given the ``current`` one (``None``: the original length), as
     Hugging Face's ``dynamic_rope_update`` does.
 
-    ``"longrope"``: ``end`` once it passes ``original_max_position`` (the long factors),
+    ``"longrope"``: ``end`` once it passes ``original_max_position_embeddings`` (the long factors),
     ``None`` (the short ones) once back under it. ``"dynamic"`` (and any other rule that
     takes ``seq_len``): ``end`` when it exceeds the longest length seen so far (the base
-    grows), ``None`` when it falls below ``original_max_position``. Otherwise, and for a
+    grows), ``None`` when it falls below ``original_max_position_embeddings``. Otherwise, and for a
     rule that does not depend on the length, ``current``: nothing to recompute.
     """
     if scaling is None or end <= 0 or not depends_on_length(scaling["type"]):
         return current
-    original = scaling.get("original_max_position")
+    original = scaling.get("original_max_position_embeddings")
     if scaling["type"] == "longrope":
         if (end > original) == (current is not None):
             return current
@@ -392,12 +396,12 @@ def scaled_inv_freq(
             :data:`ROPE_SCALINGS` and the parameters of that rule:
             ``{"type": "linear", "factor": 4}``,
             ``{"type": "ntk", "factor": 4}``,
-            ``{"type": "dynamic", "factor": 4, "original_max_position": 2048}``,
-            ``{"type": "yarn", "factor": 4, "original_max_position": 2048}``,
+            ``{"type": "dynamic", "factor": 4, "original_max_position_embeddings": 2048}``,
+            ``{"type": "yarn", "factor": 4, "original_max_position_embeddings": 2048}``,
             ``{"type": "longrope", "short_factor": [...], "long_factor": [...],
-            "original_max_position": 4096, "factor": 32}``,
+            "original_max_position_embeddings": 4096, "factor": 32}``,
             ``{"type": "llama3", "factor": 8, "low_freq_factor": 1,
-            "high_freq_factor": 4, "original_max_position": 8192}``.
+            "high_freq_factor": 4, "original_max_position_embeddings": 8192}``.
             :func:`~tutorial_pkg.rope_config.read_rope_config` builds it from a
             Hugging Face config.
         seq_len: current sequence length, for the rules that depend on it
@@ -426,7 +430,14 @@ def scaled_inv_freq(
         raise ValueError("scaling must not hold 'seq_len' (the current length is an argument)")
     if depends_on_length(kind):
         params["seq_len"] = seq_len
-    try:  # unknown or missing parameter for this rule (a wrong value raises in the rule)
+    # an unknown key is named before a missing one, so a misspelt key is what the error says
+    takes = [p for p in inspect.signature(rule).parameters
+             if p not in ("dim", "base", "device", "seq_len")]
+    unknown = sorted(set(params) - set(takes) - {"seq_len"})
+    if unknown:
+        raise ValueError(f"scaling parameters for {kind!r} are invalid: unknown key(s) "
+                         f"{', '.join(map(repr, unknown))}; {kind!r} takes {', '.join(takes)}")
+    try:  # a missing parameter for this rule (a wrong value raises in the rule)
         inspect.signature(rule).bind(dim, base, device=device, **params)
     except TypeError as err:
         raise ValueError(f"scaling parameters for {kind!r} are invalid: {err}") from err

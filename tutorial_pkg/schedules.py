@@ -62,7 +62,8 @@ class LayerSchedule(nn.Module):
     supports_scaling: bool = False
 
     @classmethod
-    def build(cls, *, d_model=None, n_heads=None, head_dim=None, max_len=None, **kwargs):
+    def build(cls, *, d_model=None, n_heads=None, head_dim=None, max_positions=None,
+              **kwargs):
         """``cls(head_dim, **kwargs)``, for :func:`~tutorial_pkg.registry.make_encoding`.
 
         A schedule's layers are relative encodings that need the model's ``head_dim``
