@@ -87,6 +87,8 @@ VARIANTS = {
     "hybrid": ("hybrid", {}),
 }
 DEFAULT_ENCODINGS = list(VARIANTS)
+#: Chapter 8's variants, recorded with the same script (``--encodings t5 p_rope irope``).
+VARIANTS.update({"t5": ("t5", {}), "p_rope": ("p_rope", {}), "irope": ("irope", {"every": 2})})
 #: The copy test's positive control: these encodings are also trained, for COPY_STEPS
 #: steps, on text in which a fraction COPY_FRACTION of the windows repeat their first L/4
 #: tokens (label "name+copy"). With 0.5 of the windows or 600 steps the CPU-sized model
