@@ -172,7 +172,7 @@ def device_plan(device: str | torch.device) -> DevicePlan:
                       bf16, bf16, notes)
 
 
-class _Lazy:
+class Lazy:
     """A value built on first use and dropped by :meth:`release`.
 
     What a case holds (the articles' buffer, a 3-D mask) is built by its first call, so
@@ -253,7 +253,7 @@ def _suite_dtype(args: argparse.Namespace) -> torch.dtype:
     return getattr(torch, args.dtype)
 
 
-def _release(*encodings: Any, lazies: Sequence[_Lazy] = ()) -> Callable[[], None]:
+def _release(*encodings: Any, lazies: Sequence[Lazy] = ()) -> Callable[[], None]:
     """Free what a case holds: the backends' tables of its encodings, its lazy values."""
     from tutorial_pkg import backends
 
@@ -346,7 +346,7 @@ def attention_suite(args: argparse.Namespace) -> Iterator[SuiteEntry]:
                         skip=skip,
                     )
                 if enc_name == "alibi":
-                    article = _Lazy(lambda seq_len=seq_len: ArticlesALiBiAttention(
+                    article = Lazy(lambda seq_len=seq_len: ArticlesALiBiAttention(
                         heads, max(2048, seq_len), device=device))
 
                     def article_call(q_, k_, v_, article=article):
@@ -360,7 +360,7 @@ def attention_suite(args: argparse.Namespace) -> Iterator[SuiteEntry]:
                         footprint=attention_footprint("alibi", "article", **sizes),
                     )
                     enc3 = make_encoding("alibi", n_heads=heads).to(device)
-                    mask3 = _Lazy(lambda enc3=enc3, seq_len=seq_len: backends.cached_bias(
+                    mask3 = Lazy(lambda enc3=enc3, seq_len=seq_len: backends.cached_bias(
                         enc3, 0, seq_len, seq_len, causal=True, device=device,
                         dtype=dtype)[0])  # the (1, H, L, L) table's 3-D view
 

@@ -582,7 +582,9 @@ def test_device_plan_follows_the_compute_capability(monkeypatch, capability, bf1
     assert plan.bf16 is bf16 and plan.fused_bf16 is bf16
     assert plan.rope_dtypes == ("float32", "float16", "bfloat16")
     assert bool(plan.notes) is not bf16 and (bf16 or "sm75" in plan.notes[0])
-    entry = bs._rope_entry(torch.device("cpu"), (1, 2, 8, 16), "bfloat16", plan)
+    args = bs.parse_args(["--parts", "rope", "--rope-shape", "1", "2", "8", "16"])
+    args.plan = plan  # the GPU's plan, its cases built on the CPU
+    (entry,) = [e for e in bs.rope_suite(args) if e.group == "rope bfloat16"]
     assert (entry.cases["rotate fused"].skip is None) is bf16
     if not bf16:  # recorded as skipped, with the reason, and never called
         (rec,) = [r for r in bm.compare(entry.cases, bs.ROPE_LIMIT, device="cpu", warmup=0,

@@ -89,7 +89,7 @@ def _reachable(obj, depth: int = 0, seen: set | None = None) -> Iterator[object]
         children += list(obj)
     elif isinstance(obj, torch.optim.Optimizer):
         children += [obj.param_groups, list(obj.state.values())]
-    elif type(obj).__module__.startswith(("benchmarks", "tutorial_pkg")):  # _Lazy, the
+    elif type(obj).__module__.startswith(("benchmarks", "tutorial_pkg")):  # Lazy, the
         children += list(vars(obj).values())  # articles' attention, ...
     for child in children:
         yield from _reachable(child, depth + 1, seen)
@@ -152,7 +152,7 @@ def test_every_case_of_every_group_runs_on_the_device(gpu_like, dtype):
                 for obj in _reachable(case.fn):
                     if isinstance(obj, PositionEncoding):
                         assert not backends.cached_tensors(obj), (entry.group, name)
-                    if isinstance(obj, bs._Lazy):
+                    if isinstance(obj, bs.Lazy):
                         assert obj.value is None, (entry.group, name)
     assert groups == ["attn L=64 fwd", "attn L=64 fwd+bwd", "attn L=128 fwd",
                       "attn L=128 fwd+bwd", "rope float32", "rope float16", "rope bfloat16",
