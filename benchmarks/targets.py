@@ -99,8 +99,10 @@ def targets() -> list[Target]:
         out.append(Target(f"P3 {dtype} rotate fused", "RoPE fused=True on q, k / clone of q, k",
                           limit, "max",
                           _ratio(f"rope {dtype}", "rotate fused", shape=[4, 8, 2048, 64])))
-    out.append(Target("P3 float32 rotate", "RoPE default path on q, k / clone of q, k", 3.0,
-                      "max", _ratio("rope float32", "rotate", shape=[4, 8, 2048, 64])))
+    for dtype, limit in (("float32", 3.0), ("bfloat16", 5.0)):
+        out.append(Target(f"P3 {dtype} rotate", "RoPE default path on q, k / clone of q, k",
+                          limit, "max",
+                          _ratio(f"rope {dtype}", "rotate", shape=[4, 8, 2048, 64])))
     for enc in ("rope", "alibi", "hybrid"):
         out.append(Target(f"P4 {enc}", f"tiny-LM training step, {enc} / NoPE", 1.10, "max",
                           _lm_ratio(enc)))

@@ -765,6 +765,7 @@ def test_suite_script_checks_targets_on_records():
         rec("attn L=2048 fwd", "alibi/article", 4.0, heads=8, seq_len=2048),
         rec("rope float32", "rotate fused", 1.2, shape=[4, 8, 2048, 64]),
         rec("rope bfloat16", "rotate fused", 1.2, shape=[1, 4, 128, 64]),  # other sizes
+        rec("rope bfloat16", "rotate", 6.0, shape=[4, 8, 2048, 64]),
         rec("lm step L=64", "rope", 1.5, batch=32, seq_len=64),
         rec("x", "slow", 2.0),
     ]
@@ -773,6 +774,8 @@ def test_suite_script_checks_targets_on_records():
     assert verdicts["P1 article L=2048"] == "PASS"  # 4.0 / 1.05 >= 3
     assert verdicts["P3 float32 rotate fused"] == "PASS"
     assert verdicts["P3 bfloat16 rotate fused"] == "not measured"
+    assert verdicts["P3 bfloat16 rotate"] == "MISS" and verdicts["P3 float32 rotate"] == (
+        "not measured")
     assert verdicts["P4 rope"] == "MISS"
     assert "slow" in suite.one_off_costs(records)
 
