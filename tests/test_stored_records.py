@@ -124,6 +124,7 @@ def test_recorded_benchmark_runs_carry_their_spread_and_pass_their_control():
         controls = [r for r in records if r.case == "nope/sdpa" and r.ok and r.ratio_range]
         for r in controls:
             low, high = r.ratio_range
-            # 1 within its spread; a spread past 0.3 would leave the run unable to resolve
-            # any ratio chapter 5 states (it states each claim against this noise)
-            assert abs(r.ratio - 1) <= high - low < 0.3, (path.name, r.group)
+            # 1 within its spread, and a spread below 0.5: wider, and the 1.5x differences
+            # chapter 5 reads (flex against the limit) would drown; the chapter states each
+            # verdict against its own group's noise
+            assert abs(r.ratio - 1) <= high - low < 0.5, (path.name, r.group)
