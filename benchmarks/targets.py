@@ -87,19 +87,19 @@ def targets() -> list[Target]:
         out.append(Target(
             f"P1 fwd L={length}", "ALiBi inference (auto) / plain causal SDPA", 1.10, "max",
             _ratio(group, "alibi/auto"), group))
+    group = "attn L=2048 fwd"
     out.append(Target("P1 article L=2048", "the articles' ALiBi / ALiBi auto (speed-up)", 3.0,
-                      "min", _speedup("attn L=2048 fwd", "alibi/article", "alibi/auto"),
-                      "attn L=2048 fwd"))
+                      "min", _speedup(group, "alibi/article", "alibi/auto"), group))
     for length in (2048, 4096):
         group = f"attn L={length} fwd+bwd"
         out.append(Target(
             f"P1 fwd+bwd L={length}", "ALiBi training (auto) / plain causal SDPA", 2.0, "max",
             _ratio(group, "alibi/auto"), group))
+    group = "attn L=4096 fwd"
     out.append(Target("P2 peak L=4096", "ALiBi auto peak memory / plain causal SDPA's", 1.5,
-                      "max", _peak_ratio("attn L=4096 fwd", "alibi/auto"), "attn L=4096 fwd"))
+                      "max", _peak_ratio(group, "alibi/auto"), group))
     out.append(Target("P2 held L=4096", "ALiBi auto held memory / one (H, L, L) fp32 bias",
-                      0.01, "max", _held_fraction("attn L=4096 fwd", "alibi/auto"),
-                      "attn L=4096 fwd"))
+                      0.01, "max", _held_fraction(group, "alibi/auto"), group))
     for dtype, limit in (("float32", 1.3), ("bfloat16", 2.0)):
         out.append(Target(f"P3 {dtype} rotate fused", "RoPE fused=True on q, k / clone of q, k",
                           limit, "max",
