@@ -36,14 +36,11 @@ def _table_side(n: int) -> int:
 def _mask_cast(device: torch.device, dtype: torch.dtype) -> bool:
     """Does the ``sdpa`` path cast its float32 table to q's dtype in every call?
 
-    Where SDPA takes a float32 mask with 16-bit q (a CPU) it does not; a GPU's kernels
-    want the mask in q's dtype, so each call shifts the float32 slice (a float32
-    temporary) and rounds it (a 16-bit copy). The rule is ``tutorial_pkg.backends``'.
+    In 16 bits, yes, on every device: the kernel is handed a mask of q's dtype, so each
+    call shifts the float32 slice (a float32 temporary) and rounds it (a 16-bit copy)
+    (``tutorial_pkg.masks.additive_mask``).
     """
-    from tutorial_pkg import backends
-
-    float32_mask = backends.kernel_rules(device.type).float32_mask
-    return dtype not in (torch.float32, torch.float64) and not float32_mask
+    return dtype not in (torch.float32, torch.float64)
 
 
 def key_bias_here(device: torch.device, dtype: torch.dtype) -> bool:

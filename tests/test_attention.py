@@ -495,16 +495,8 @@ def test_key_only_alibi_in_half_precision_at_large_positions(backend, dtype):
     torch.testing.assert_close(got.double(), want, rtol=0, atol=3e-2)
 
 
-@pytest.fixture
-def masks_in_q_dtype():
-    """CUDA's rule on the CPU: SDPA's float mask must have q's dtype."""
-    with backends.assume_kernels("cpu", float32_mask=False):
-        yield
-
-
-def test_sdpa_shifts_a_16_bit_bias_per_row_where_the_kernel_wants_q_dtype(monkeypatch,
-                                                                           masks_in_q_dtype):
-    # the path of devices whose SDPA wants the mask in q's dtype (CUDA half), on CPU
+def test_sdpa_shifts_a_16_bit_bias_per_row_and_hands_it_in_q_dtype(monkeypatch):
+    # every device's path: SDPA is handed the mask in q's dtype, shifted before rounding
     seen = []
     real = F.scaled_dot_product_attention
 
@@ -612,9 +604,9 @@ def test_flex_compiles_dynamic_shapes_only_for_default_positions(monkeypatch):
 
 @pytest.mark.parametrize("causal", [True, False], ids=["causal", "bidir"])
 @pytest.mark.parametrize("mode", ["key_only", "causal"])
-def test_16_bit_sdpa_mask_is_shifted_over_the_keys_a_query_sees(masks_in_q_dtype, mode, causal):
-    # where SDPA wants the mask in q's dtype (CUDA half), each row is shifted before
-    # rounding; the shift must ignore padded keys and the cached table's keys past L_k
+def test_16_bit_sdpa_mask_is_shifted_over_the_keys_a_query_sees(mode, causal):
+    # SDPA is handed the mask in q's dtype, each row shifted before rounding; the shift
+    # must ignore padded keys and the cached table's keys past L_k
     enc = ALiBi(N_HEADS, mode=mode if causal else "causal")
     layer = MultiHeadAttention(D_MODEL, N_HEADS, enc, backend="sdpa", causal=causal)
     naive = MultiHeadAttention(D_MODEL, N_HEADS, enc, backend="naive", causal=causal)

@@ -97,9 +97,9 @@ def test_flex_falls_back_to_sdpa_itself_with_a_warning():
 
 def test_assume_kernels_switches_a_rule_for_a_block_and_restores_it():
     cpu = backends.kernel_rules("cpu")
-    assert cpu.float32_mask and cpu.key_bias is None
-    with backends.assume_kernels("cpu", float32_mask=False, key_bias=False) as rules:
-        assert backends.kernel_rules("cpu") == rules and not rules.float32_mask
+    assert cpu.key_bias is None
+    with backends.assume_kernels("cpu", key_bias=False) as rules:
+        assert backends.kernel_rules("cpu") == rules and rules.key_bias is False
         # assumed, not probed: auto takes sdpa (the cached 4-D table)
         assert not backends.key_bias_supported(torch.device("cpu"), torch.float32, False)
     assert backends.kernel_rules("cpu") == cpu

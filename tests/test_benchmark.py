@@ -540,7 +540,7 @@ def test_attention_footprints_bound_the_memory_measured_on_cpu(rules, pass_, dty
 
     from tutorial_pkg import backends
 
-    gpu_rules = backends.assume_kernels("cpu", float32_mask=False, key_bias=False)
+    gpu_rules = backends.assume_kernels("cpu", key_bias=False)
     with gpu_rules if rules == "gpu" else contextlib.nullcontext():
         args = _args("--dtype", dtype, "--heads", "4", "--head-dim", "16", "--lengths", "512",
                      "--passes", pass_, "--encodings", "alibi", "--backends", "naive", "sdpa",

@@ -25,10 +25,14 @@ tolerance (tested for every encoding). ``compile`` matters to ``"flex"`` only.
   (:func:`flex_blocker` says why) it warns (``RuntimeWarning``, "flex backend falls back
   to sdpa: ...") and computes ``"sdpa"``.
 * ``"auto"``: the default. Where the encoding has a key-only form
-  (:meth:`~tutorial_pkg.encodings.PositionEncoding.key_bias`, causal ALiBi and the hybrid)
-  and :func:`key_bias_supported` has proven the kernel right, SDPA's fused causal kernel with
-  that float32 row ``(1 or b, H, 1, L_k)`` (:func:`auto_key_bias`, :func:`sdpa_key_bias`); else
-  ``"sdpa"``.
+  (:meth:`~tutorial_pkg.encodings.PositionEncoding.key_bias`, causal ALiBi and the hybrid),
+  q is float32 or float64, and :func:`key_bias_supported` has proven the kernel right, SDPA's
+  fused causal kernel with that row ``(1 or b, H, 1, L_k)`` in q's dtype
+  (:func:`auto_key_bias`, :func:`sdpa_key_bias`); else ``"sdpa"``.
+
+Every float mask handed to a kernel has q's dtype (PyTorch documents "a float mask of the
+same type as query"; torch 2.13's CPU kernel misreads a float32 mask with float64 q on
+some CPUs), built by :func:`~tutorial_pkg.masks.additive_mask`.
 
 Caches are bounded: per encoding (held weakly) at most :data:`MAX_CACHED_TABLES` bias
 tables and rows, keyed by device, dtype and
@@ -62,7 +66,14 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from ._checks import check_device, fake_mode_active
 from .encodings import PositionEncoding, check_learned_device
-from .masks import AttentionPlan, causal_mask, dense_mask, offset_queries
+from .masks import (
+    AttentionPlan,
+    additive_mask,
+    causal_mask,
+    dense_mask,
+    offset_queries,
+    round_bias,
+)
 
 try:  # FlexAttention: torch >= 2.5
     from torch.nn.attention.flex_attention import create_block_mask, flex_attention
@@ -115,25 +126,20 @@ class KernelRules:
     """What the backends assume of the kernels of one device type.
 
     Attributes:
-        float32_mask: SDPA takes a float32 mask with 16-bit q and adds it in float32
-            (CPU). Where False (CUDA) the mask must have q's dtype, and a 16-bit bias is
-            shifted per row before rounding (softmax is shift invariant).
         key_bias: the answer of :func:`key_bias_supported` for every dtype; None = probe.
         flex: FlexAttention runs on this device type.
         flex_backward: FlexAttention has a backward there (not on CPU in torch 2.13).
     """
 
-    float32_mask: bool = False
     key_bias: bool | None = None
     flex: bool = False
     flex_backward: bool = False
 
 
 #: What the backends assume per device type; a type not listed gets ``KernelRules()``,
-#: nothing assumed. torch 2.13's FlexAttention devices (its ``_validate_device``) and
-#: SDPA's float32 masks on CPU.
+#: nothing assumed. torch 2.13's FlexAttention devices (its ``_validate_device``).
 KERNEL_RULES: dict[str, KernelRules] = {
-    "cpu": KernelRules(float32_mask=True, flex=True),
+    "cpu": KernelRules(flex=True),
     "mps": KernelRules(flex=True),
     **{t: KernelRules(flex=True, flex_backward=True) for t in ("cuda", "xpu", "hpu")},
 }
@@ -147,7 +153,7 @@ def kernel_rules(device_type: str) -> KernelRules:
 @contextlib.contextmanager
 def assume_kernels(device_type: str, **rules):
     """Within the ``with`` block, follow ``rules`` (fields of :class:`KernelRules`) on
-    ``device_type``: e.g. the GPU's ``float32_mask=False, key_bias=False`` on ``"cpu"``.
+    ``device_type``: e.g. the GPU's ``key_bias=False`` on ``"cpu"``.
     Unknown fields raise ``TypeError``."""
     missing = object()
     before = KERNEL_RULES.get(device_type, missing)
@@ -256,26 +262,7 @@ def _masked_bias(encoding, q_pos, k_pos, causal, dtype):
         if causal:
             future = ~causal_mask(None, None, q_pos[:, None], k_pos[None, :])
             bias = bias.masked_fill(future, float("-inf"))
-    return _to_mask_dtype(bias, dtype)
-
-
-def _to_mask_dtype(
-    bias: torch.Tensor, dtype: torch.dtype, live: torch.Tensor | None = None
-) -> torch.Tensor:
-    """Cast a float32 bias to ``dtype``; to 16 bits only after a shift per row.
-
-    Softmax is shift invariant along a row, so subtracting each row's largest value
-    changes nothing but the rounding: the keys that carry weight sit near 0, where
-    16-bit floats are fine (``m j`` itself, at ``j`` = 30000, is not: bf16 keeps 8 bits).
-    ``live`` is the bias with the keys a query cannot see at ``-inf`` (default: ``bias``),
-    so that padding never sets the shift.
-    """
-    if bias.dtype == dtype:
-        return bias
-    if dtype not in (torch.float32, torch.float64) and bias.dim():
-        live = bias if live is None else live
-        bias = bias - live.detach().amax(dim=-1, keepdim=True).clamp_min(-1e30)
-    return bias.to(dtype)
+    return round_bias(bias, dtype)
 
 
 def cached_key_bias(encoding: PositionEncoding, k_len: int, *, device) -> torch.Tensor | None:
@@ -369,20 +356,15 @@ def naive(q, k, v, plan: AttentionPlan, encoding: PositionEncoding, *, dropout_p
 
 
 # --------------------------------------------------------------------------- sdpa
-def _mask_dtype(q: torch.Tensor) -> torch.dtype:
-    if q.dtype in (torch.float32, torch.float64) or not kernel_rules(q.device.type).float32_mask:
-        return q.dtype
-    return torch.float32
-
-
 def sdpa(q, k, v, plan: AttentionPlan, encoding: PositionEncoding, *, dropout_p: float = 0.0,
          compile: bool = True):
-    """``scaled_dot_product_attention`` with the plan as a 4-D mask (or ``is_causal``)."""
+    """``scaled_dot_product_attention`` with the plan as a 4-D mask (or ``is_causal``).
+
+    The mask is boolean or of q's dtype (:func:`~tutorial_pkg.masks.additive_mask`), the
+    forms PyTorch documents; a bias is built in float32 at least and rounded to 16 bits
+    only after a shift per row."""
     kw = _kernel_kwargs(q, k, plan)
-    # -inf: a query always keeps one key (itself: causal, its document, its window)
-    hard = plan.causal or plan.has_documents or plan.windowed
-    dtype = _mask_dtype(q)
-    work = torch.promote_types(dtype, torch.float32)  # the bias is built in float32 at least
+    work = torch.promote_types(q.dtype, torch.float32)  # the bias is built in float32 at least
     if plan.default_positions and encoding.static_bias and encoding.has_bias:
         bias = cached_bias(encoding, plan.start, plan.s, plan.k_len, causal=plan.causal,
                            device=q.device, dtype=work)
@@ -400,24 +382,8 @@ def sdpa(q, k, v, plan: AttentionPlan, encoding: PositionEncoding, *, dropout_p:
             mask, is_causal = plan.allowed(), False
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p,
                                               is_causal=is_causal, **kw)
-    if bias is None:
-        bias = torch.zeros((), dtype=work, device=q.device)
-    minus_inf = torch.tensor(float("-inf"), dtype=work, device=q.device)
-    if hard and not (causal_applied and not plan.has_documents and not plan.windowed):
-        bias = torch.where(plan.allowed(padding=False), bias, minus_inf)
-    if dtype != work:  # a 16-bit mask (the kernel wants q's dtype): shift, then round
-        live = None  # the shift is over the keys a query may see: not padding, not past L_k
-        if plan.key_padding_mask is not None:
-            live = torch.where(plan.key_padding_mask[:, None, None, :], minus_inf, bias)
-        bias = _to_mask_dtype(bias, dtype, live)
-    if plan.key_padding_mask is not None:
-        # finite (not -inf) for padding, so a row with no key left stays NaN-free
-        pad = torch.zeros(plan.key_padding_mask.shape, dtype=dtype, device=q.device)
-        pad = pad.masked_fill(plan.key_padding_mask, torch.finfo(dtype).min)
-        bias = bias + pad[:, None, None, :]
-    if bias.dim() < 4:
-        bias = bias.expand(1, 1, plan.s, plan.k_len)
-    out = F.scaled_dot_product_attention(q, k, v, attn_mask=bias, dropout_p=dropout_p,
+    mask = additive_mask(plan, bias, q.dtype, causal_applied=causal_applied)
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p,
                                          is_causal=False, **kw)
     return _zero_empty_rows(out, plan.has_key())
 
@@ -456,8 +422,8 @@ def probe_key_bias(device, dtype: torch.dtype, gqa: bool) -> bool | None:
     """The check of :func:`key_bias_supported`, run now (nothing cached).
 
     A tiny problem whose keys sit at positions 4096+ (a row rounded to 16 bits fails
-    there): ``scaled_dot_product_attention(q, k, v, attn_mask=row, is_causal=True)``,
-    forward and gradients, against a float64 reference; once with the kernel PyTorch
+    there): ``scaled_dot_product_attention(q, k, v, attn_mask=row, is_causal=True)``, the
+    row of q's dtype, forward and gradients, against a float64 reference; once with the kernel PyTorch
     selects and once restricted to each fused kernel (flash, memory-efficient, cuDNN)
     that takes the call on this device. True if every one that runs is right and the
     selected one runs. None where tensors hold no data (meta, ``FakeTensorMode``).
@@ -472,7 +438,7 @@ def probe_key_bias(device, dtype: torch.dtype, gqa: bool) -> bool | None:
     k, v = (torch.randn(1, kv_heads, length, dim, generator=gen) for _ in range(2))
     grad_out = torch.randn(1, heads, length, dim, generator=gen)
     slopes = torch.tensor([0.5, 1 / 16])
-    row_dtype = torch.float64 if dtype == torch.float64 else torch.float32
+    row_dtype = dtype  # a float mask of q's dtype: the only one PyTorch documents
     row = (slopes[:, None, None] * torch.arange(offset, offset + length).double())[None]
 
     def run(tensors, mask, fused):
@@ -518,7 +484,13 @@ def probe_key_bias(device, dtype: torch.dtype, gqa: bool) -> bool | None:
 
 
 def auto_key_bias(q, k, plan: AttentionPlan, encoding: PositionEncoding, *, dropout_p: float):
-    """The float key row ``(1 or b, H, 1, L_k)`` for the ``"auto"`` path, or None (use sdpa)."""
+    """The float key row ``(1 or b, H, 1, L_k)`` for the ``"auto"`` path, or None (use sdpa).
+
+    Only for float32 and float64 q: the row is handed to the kernel in q's dtype, and in
+    16 bits ``m j`` loses the differences between neighbouring keys (the row grows with
+    ``j`` and, unlike a square table, cannot be shifted per query)."""
+    if q.dtype not in (torch.float32, torch.float64):
+        return None
     if dropout_p or plan.has_documents or plan.windowed or not _overrides(encoding, "key_bias"):
         return None
     # is_causal aligns the mask top-left (query i sees keys <= i): right for a whole
@@ -540,13 +512,13 @@ def auto_key_bias(q, k, plan: AttentionPlan, encoding: PositionEncoding, *, drop
 def sdpa_key_bias(q, k, v, plan: AttentionPlan, row: torch.Tensor):
     """SDPA's fused kernel with ``is_causal`` and a float key row (see :func:`auto_key_bias`)."""
     is_causal = plan.causal and plan.s > 1
-    mask = row.to(torch.float64 if q.dtype == torch.float64 else torch.float32)
+    mask = row.to(q.dtype)  # float32 or float64 (auto_key_bias): q's dtype, as documented
     if plan.key_padding_mask is not None:
         # padding depends on the key only, so the mask stays one row per head:
         # (b, H, 1, L_k); finite, so a query with no key left stays NaN-free
-        pad = plan.key_padding_mask
-        pad_bias = torch.zeros(pad.shape, dtype=mask.dtype, device=q.device)
-        mask = mask + pad_bias.masked_fill(pad, torch.finfo(mask.dtype).min)[:, None, None, :]
+        pad = plan.key_padding_mask[:, None, None, :]
+        mask = torch.where(pad, torch.tensor(torch.finfo(q.dtype).min, dtype=q.dtype,
+                                             device=q.device), mask)
     out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal,
                                          **_kernel_kwargs(q, k, plan))
     return _zero_empty_rows(out, plan.has_key())

@@ -20,6 +20,11 @@ Rules compose with :func:`and_masks`, as in attention-gym:
 * :func:`same_document`: query and key in one packed document.
 * :func:`key_padding`: the key is not padding.
 
+:func:`additive_mask` is the one place that turns the rules and an encoding's bias into the
+float mask a kernel is handed, always of the query's dtype (the form PyTorch documents for
+``scaled_dot_product_attention``: "a float mask of the same type as query"); a boolean mask
+is :meth:`AttentionPlan.allowed`.
+
 Windows and documents count cache slots, like causality, so a left-padded row or a packed
 document sees the keys it sees alone.
 """
@@ -39,6 +44,8 @@ __all__ = [
     "same_document",
     "key_padding",
     "dense_mask",
+    "additive_mask",
+    "round_bias",
 ]
 
 
@@ -228,3 +235,61 @@ class AttentionPlan:
         first = (last - self.window).clamp_min(0) if self.windowed else torch.zeros_like(last)
         seen = (counts[:, last] - counts[:, first]) > 0  # kept keys in the query's interval
         return seen[:, None, :, None]
+
+
+# --------------------------------------------------------------------------- float masks
+def round_bias(bias: torch.Tensor, dtype: torch.dtype,
+               live: torch.Tensor | None = None) -> torch.Tensor:
+    """``bias`` (float32 or float64) cast to ``dtype``; to 16 bits only after a shift per row.
+
+    Softmax is shift invariant along a row, so subtracting each row's largest value
+    changes nothing but the rounding: the keys that carry weight sit near 0, where 16-bit
+    floats are fine (``m j`` itself, at ``j`` = 30000, is not: bfloat16 keeps 8 bits).
+    ``live`` is the bias with the keys a query cannot see at ``-inf`` (default: ``bias``),
+    so that padding never sets the shift.
+    """
+    if bias.dtype == dtype:
+        return bias
+    if dtype not in (torch.float32, torch.float64) and bias.dim():
+        live = bias if live is None else live
+        bias = bias - live.detach().amax(dim=-1, keepdim=True).clamp_min(-1e30)
+    return bias.to(dtype)
+
+
+def additive_mask(plan: AttentionPlan, bias: torch.Tensor | None, dtype: torch.dtype, *,
+                  causal_applied: bool = False) -> torch.Tensor:
+    """The plan's rules and ``bias`` as one additive mask of ``dtype``, 4-D.
+
+    Args:
+        plan: the call; its causal, window and document rules give ``-inf``, its padding
+            ``finfo(dtype).min`` (finite, so that a query with no key left stays NaN-free;
+            the backends zero it).
+        bias: float ``[1 or b, H, s, L_k]`` (float32 at least), or None for none.
+        dtype: the query's dtype, which the result always has: a kernel is never handed a
+            float mask of another dtype (on some CPUs a float32 mask with float64 queries
+            is silently misread).
+        causal_applied: ``bias`` already holds ``-inf`` at the future keys (a cached table).
+
+    Returns:
+        ``[1 or b, 1 or H, s, L_k]`` of ``dtype``.
+    """
+    device = plan.q_pos.device
+    work = torch.promote_types(dtype, torch.float32)
+    if bias is None:
+        bias = torch.zeros((), dtype=work, device=device)
+    elif bias.dtype != torch.float64:
+        bias = bias.to(work)  # a float64 bias stays float64 until the last cast
+    minus_inf = torch.tensor(float("-inf"), dtype=bias.dtype, device=device)
+    if (plan.causal and not causal_applied) or plan.has_documents or plan.windowed:
+        bias = torch.where(plan.allowed(padding=False), bias, minus_inf)
+    pad = None if plan.key_padding_mask is None else plan.key_padding_mask[:, None, None, :]
+    live = None  # the shift (16 bits) is over the keys a query may see: not padding
+    if pad is not None and dtype not in (torch.float32, torch.float64):
+        live = torch.where(pad, minus_inf, bias)
+    mask = round_bias(bias, dtype, live)
+    if pad is not None:
+        mask = torch.where(pad, torch.tensor(torch.finfo(dtype).min, dtype=dtype,
+                                             device=device), mask)
+    if mask.dim() < 4:
+        mask = mask.expand(1, 1, plan.s, plan.k_len)
+    return mask
