@@ -1,10 +1,10 @@
 """A CPU rehearsal of chapter 5's GPU path, so that a dtype bug shows before anyone opens Colab.
 
-On a GPU, chapter 5 runs in float16 and the attention kernels follow other rules than on a
-CPU: a float mask must have q's dtype (so the cached table is cast per call), and the fused
-kernels cannot take a float32 key row together with ``is_causal`` (so ``"auto"`` falls back
-to the cached table). Both rules are ``tutorial_pkg.backends.KernelRules``; here they
-are set the GPU's way on the CPU (``backends.assume_kernels``), the chapter's own memory
+On a GPU, chapter 5 runs in float16: the float mask has q's dtype (so the cached table is
+cast per call, as on every device in 16 bits), and the fused GPU kernels may refuse a key row
+together with ``is_causal`` (so ``"auto"`` falls back to the cached table). That rule is
+``tutorial_pkg.backends.KernelRules.key_bias``; here it is set the GPU's way on the CPU
+(``backends.assume_kernels``), the chapter's own memory
 cell (tagged ``gpu-rehearsal``) is run on suite records measured in float16 and bfloat16,
 and the half-precision paths are checked against the float64 oracle. The old cell
 (``n_bias = H * L * L * 4`` and an unconditional "auto holds one row") fails this

@@ -20,10 +20,9 @@ import warnings
 
 import pytest
 import torch
-import torch.nn.functional as F
 
-from tutorial_pkg import backends
 from tutorial_pkg.attention import KVCache, MultiHeadAttention
+from tutorial_pkg.diagnose import record_sdpa_masks
 
 from .layer_cases import LAYER_MARKS, D, H, encoding
 
@@ -48,17 +47,10 @@ def _encoding(key: str):
 
 
 @pytest.fixture
-def sdpa_calls(monkeypatch):
+def sdpa_calls():
     """Every call of ``F.scaled_dot_product_attention`` by the backends: (q dtype, mask)."""
-    calls = []
-    real = F.scaled_dot_product_attention
-
-    def recording(q, k, v, attn_mask=None, **kw):
-        calls.append((q.dtype, attn_mask))
-        return real(q, k, v, attn_mask=attn_mask, **kw)
-
-    monkeypatch.setattr(backends.F, "scaled_dot_product_attention", recording)
-    return calls
+    with record_sdpa_masks() as report:
+        yield report
 
 
 def _calls(layer: MultiHeadAttention, x: torch.Tensor):
@@ -114,12 +106,9 @@ def test_every_sdpa_mask_is_bool_or_of_q_dtype_and_right(sdpa_calls, key, dtype,
                 scale = expect[name].abs().max().item()
                 err = (out.double() - expect[name]).abs().max().item()
                 assert err <= TOL[dtype] * max(1.0, scale), (where, err)
-    assert sdpa_calls, "no call reached SDPA"
-    for q_dtype, mask in sdpa_calls:
-        if mask is None:
-            continue
-        assert mask.dtype in (torch.bool, q_dtype), (q_dtype, mask.dtype)
-        assert mask.dim() == 4, mask.shape
+    assert sdpa_calls.calls, "no call reached SDPA"
+    assert sdpa_calls.ok, sdpa_calls.problems
+    assert all(shape is None or len(shape) == 4 for _, _, shape in sdpa_calls.calls)
 
 
 def test_16_bit_auto_takes_the_shifted_table_not_a_float32_row(sdpa_calls):
@@ -128,5 +117,15 @@ def test_16_bit_auto_takes_the_shifted_table_not_a_float32_row(sdpa_calls):
     x = torch.randn(1, 300, D).bfloat16()
     with torch.no_grad():
         layer(x)
-    ((q_dtype, mask),) = sdpa_calls
-    assert mask.dtype == q_dtype == torch.bfloat16 and mask.shape == (1, H, 300, 300)
+    assert sdpa_calls.calls == [(torch.bfloat16, torch.bfloat16, (1, H, 300, 300))]
+
+
+def test_the_probe_names_a_float32_mask_with_float64_q():
+    q = torch.randn(1, 2, 4, 8, dtype=torch.float64)
+    with record_sdpa_masks() as report:
+        torch.nn.functional.scaled_dot_product_attention(q, q, q, attn_mask=torch.zeros(4, 4))
+        torch.nn.functional.scaled_dot_product_attention(q, q, q, is_causal=True)
+    assert not report.ok and len(report.calls) == 2
+    assert report.problems == ["call 1: a torch.float32 mask with torch.float64 q "
+                               "(documented: bool or q's dtype)"]
+    assert torch.nn.functional.scaled_dot_product_attention.__name__ != "recording"

@@ -35,7 +35,7 @@ module              chapter
 ``retrieval``       7. Length extrapolation (the copy test)
 ``tasks``           6. Hybrid (the synthetic tasks)
 ``diagnose``        9. Debugging (probes for your own code; with ``rope_probes``,
-                    ``kv_cache_check`` and ``reports``)
+                    ``kv_cache_check``, ``kernel_masks`` and ``reports``)
 ``plotting``        figures of every chapter (the ``plot`` extra)
 ==================  ==============================================================
 """

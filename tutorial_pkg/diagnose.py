@@ -24,6 +24,9 @@ noise (``tutorial_pkg/reports.py``).
   bias stored in low precision.
 * :func:`check_weight_conversion`: after permuting q/k weights between layouts,
   the scores equal the original model's (grouped-query aware).
+* :func:`record_sdpa_masks`: the masks your code hands to
+  ``scaled_dot_product_attention``, each bool or of q's dtype
+  (``tutorial_pkg/kernel_masks.py``).
 
 The RoPE probes live in ``tutorial_pkg/rope_probes.py``, the KV-cache check and its
 adapters in ``tutorial_pkg/kv_cache_check.py``; this module holds the others and
@@ -53,6 +56,7 @@ from ._checks import (
     check_positive_int,
 )
 from .alibi import alibi_slopes
+from .kernel_masks import SdpaMaskReport, record_sdpa_masks
 from .kv_cache_check import HFAdapter, KVCacheReport, TutorialAdapter, check_kv_cache
 from .reports import Report, first_true, measured
 from .rope import LAYOUTS, apply_rope, half_to_interleaved, interleaved_to_half, inv_freq
@@ -70,7 +74,7 @@ __all__ = [
     "ConversionReport", "RopeComparisonReport", "TutorialAdapter", "HFAdapter",
     "probe_rope", "probe_rope_precision", "compare_rope", "check_kv_cache", "probe_masking",
     "probe_alibi",
-    "check_weight_conversion",
+    "check_weight_conversion", "SdpaMaskReport", "record_sdpa_masks",
 ]
 
 
