@@ -92,8 +92,10 @@ def test_chapter5_memory_cell_holds_in_half_precision_with_gpu_rules(gpu_rules, 
 def test_chapter5_memory_cell_holds_in_half_precision_with_cpu_rules(dtype):
     ns = _namespace(dtype)
     exec(_chapter_cell("gpu-rehearsal"), ns)
-    assert ns["row_ok"] is True  # the CPU kernel takes the float32 row: nothing L x L held
-    assert ns["rec"]("alibi/auto").held_bytes < ns["bias_bytes"]("alibi/sdpa") / 100
+    # a 16-bit key row would lose m j's low bits, and a float32 one is not documented: the
+    # probe refuses the row in q's dtype and auto holds the float32 table, on a CPU too
+    assert ns["row_ok"] is False
+    assert ns["rec"]("alibi/auto").held_bytes >= ns["bias_bytes"]("alibi/sdpa")
 
 
 def test_the_old_float32_byte_count_fails_the_rehearsal(gpu_rules):

@@ -268,8 +268,9 @@ def _masked_bias(encoding, q_pos, k_pos, causal, dtype):
 def cached_key_bias(encoding: PositionEncoding, k_len: int, *, device) -> torch.Tensor | None:
     """The encoding's ``key_bias`` for keys ``0..k_len-1`` as ``(1, H, 1, k_len)``, cached.
 
-    Float32 whatever the dtype of q and k (float64 for float64 slopes): the row holds
-    ``m_h j``, which grows with ``j``; rounded to bfloat16 it would lose the small
+    Float32 (float64 for float64 slopes), cast to q's dtype per call by
+    :func:`sdpa_key_bias`, which ``"auto"`` calls for float32 and float64 q only: the row
+    holds ``m_h j``, which grows with ``j``; rounded to bfloat16 it would lose the small
     differences between neighbouring keys. ``H`` floats per position, not ``H L`` as
     for :func:`cached_bias`. A learnable bias is rebuilt on every call. ``None`` if
     the encoding has no key-only form. Built on ``device`` as :func:`cached_bias` is.
@@ -423,11 +424,11 @@ def probe_key_bias(device, dtype: torch.dtype, gqa: bool) -> bool | None:
 
     A tiny problem whose keys sit at positions 4096+ (a row rounded to 16 bits fails
     there): ``scaled_dot_product_attention(q, k, v, attn_mask=row, is_causal=True)``, the
-    row of q's dtype, forward and gradients, against a float64 reference; once with the kernel PyTorch
-    selects and once restricted to each fused kernel (flash, memory-efficient, cuDNN)
-    that takes the call on this device. True if every one that runs is right and the
-    selected one runs. None where tensors hold no data (meta, ``FakeTensorMode``).
-    Reads its errors back to the host (a synchronisation).
+    row of q's dtype, forward and gradients, against a float64 reference; once with the
+    kernel PyTorch selects and once restricted to each fused kernel (flash,
+    memory-efficient, cuDNN) that takes the call on this device. True if every one that
+    runs is right and the selected one runs. None where tensors hold no data (meta,
+    ``FakeTensorMode``). Reads its errors back to the host (a synchronisation).
     """
     device = torch.device(device)
     if device.type == "meta" or fake_mode_active():
