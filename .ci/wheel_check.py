@@ -45,7 +45,7 @@ from pathlib import Path
 expected_version, venv = sys.argv[1], Path(sys.argv[2]).resolve()
 t0 = time.perf_counter()
 import tutorial_pkg
-from tutorial_pkg.data import list_plays, load_corpus
+from tutorial_pkg.experiments.data import list_plays, load_corpus
 
 where = Path(tutorial_pkg.__file__).resolve()
 assert venv in where.parents, f"tutorial_pkg imported from {where}, not from {venv}"

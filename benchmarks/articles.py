@@ -15,7 +15,7 @@ import math
 
 import torch
 
-from tutorial_pkg.alibi import alibi_slopes
+from tutorial_pkg.encodings.alibi import alibi_slopes
 
 
 class ArticlesALiBiAttention:

@@ -12,17 +12,18 @@ Usage (from the repository root)::
 
 Chapter 7 (``--out``, default ``book/data/extrapolation_results.json``): for every seed
 and every variant of :data:`VARIANTS` (an encoding name with its options; the scaled
-sinusoidal table is one), a :class:`~tutorial_pkg.experiments.ExperimentConfig` with that
+sinusoidal table is one), a :class:`~tutorial_pkg.experiments.training.ExperimentConfig` with that
 ``seed`` (initial weights and batch order) and the sizes of ``--d-model``, ``--n-layers``,
 ``--steps`` (defaults 64, 2, 600: several seeds of every encoding fit on a CPU) is trained
 at ``L`` and evaluated at ``L .. 8L`` (RoPE-based encodings also with each scaling rule):
 
-* ``records``: :func:`~tutorial_pkg.experiments.evaluate` (last quarter and all tokens);
-* ``fixed_targets``: :func:`~tutorial_pkg.context_eval.evaluate_fixed_targets`, the same
+* ``records``: :func:`~tutorial_pkg.experiments.training.evaluate` (last quarter and all tokens);
+* ``fixed_targets``: :func:`~tutorial_pkg.experiments.context_eval.evaluate_fixed_targets`, the same
   ``L/4`` targets of ``--target-blocks`` blocks at every length, per-block NLL kept;
-* ``all_tokens``: :func:`~tutorial_pkg.context_eval.all_token_perplexity` on
+* ``all_tokens``: :func:`~tutorial_pkg.experiments.context_eval.all_token_perplexity` on
   non-overlapping windows up to ``32 L`` (Press et al.'s measure), per-block NLL kept;
-* ``retrieval``: the copy test :func:`~tutorial_pkg.retrieval.retrieval_test`, also on the
+* ``retrieval``: the copy test :func:`~tutorial_pkg.experiments.retrieval.retrieval_test`, also on
+  the
   ``name+copy`` models of ``--copy-encodings``, trained for ``COPY_STEPS`` steps on text in
   which every window repeats its first ``L/4`` tokens (``copy_fraction``): the positive
   control;
@@ -31,12 +32,12 @@ at ``L`` and evaluated at ``L .. 8L`` (RoPE-based encodings also with each scali
 * ``training``: the final training loss of every model.
 
 Chapter 6 (``--tasks-out``, default ``book/data/hybrid_results.json``): the accuracy of
-:func:`~tutorial_pkg.tasks.train_task` on both synthetic tasks for every variant
+:func:`~tutorial_pkg.experiments.tasks.train_task` on both synthetic tasks for every variant
 of chapter 6 and every seed of ``--task-seeds``.
 
 Each file stores the command line, the run time, the hardware and every per-seed
 record; the chapters compute means and spreads from them
-(:func:`~tutorial_pkg.experiments.summarize_seeds`).
+(:func:`~tutorial_pkg.experiments.training.summarize_seeds`).
 """
 
 from __future__ import annotations
@@ -59,19 +60,19 @@ except ImportError:  # run from a checkout without installing the package
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     import tutorial_pkg
 
-from tutorial_pkg.benchmark import hardware_info
-from tutorial_pkg.context_eval import all_token_perplexity, evaluate_fixed_targets
-from tutorial_pkg.data import load_splits
-from tutorial_pkg.encodings import Hybrid
-from tutorial_pkg.experiments import (
+from tutorial_pkg.encodings.builtin import Hybrid
+from tutorial_pkg.experiments.context_eval import all_token_perplexity, evaluate_fixed_targets
+from tutorial_pkg.experiments.data import load_splits
+from tutorial_pkg.experiments.retrieval import copy_distances, retrieval_test
+from tutorial_pkg.experiments.tasks import TASKS, train_task
+from tutorial_pkg.experiments.training import (
     SCALING_TYPES,
     ExperimentConfig,
     evaluate,
     evaluation_blocks,
     train,
 )
-from tutorial_pkg.retrieval import copy_distances, retrieval_test
-from tutorial_pkg.tasks import TASKS, train_task
+from tutorial_pkg.measure.compare import hardware_info
 
 #: Chapter 7's variants: label -> (encoding name, encoding kwargs). ``sinusoidal_scaled``
 #: scales the table to the RMS of the token embeddings at initialisation (std 0.02; the

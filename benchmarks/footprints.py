@@ -1,9 +1,9 @@
 """The memory each case of the book's suite is expected to need, computed from its shapes.
 
 :func:`attention_footprint`, :func:`rope_footprint` and :func:`lm_footprint` follow what
-each path allocates (``tutorial_pkg.backends``, ``benchmarks/articles.py``) and return a
-:class:`tutorial_pkg.memory.Footprint`; ``suite.py`` gives each case its footprint, so
-that :func:`tutorial_pkg.benchmark.compare` skips a case that would not fit, with the
+each path allocates (``tutorial_pkg.attention.backends``, ``benchmarks/articles.py``) and return a
+:class:`tutorial_pkg.measure.memory.Footprint`; ``suite.py`` gives each case its footprint, so
+that :func:`tutorial_pkg.measure.compare.compare` skips a case that would not fit, with the
 reason, before its first call. ``tests/test_benchmark.py`` holds them to measured CPU
 memory, ``gpu_check.py`` to a GPU's.
 """
@@ -19,7 +19,7 @@ import torch
 if __package__ in (None, ""):  # run as a script: make the repository importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tutorial_pkg.memory import Footprint  # noqa: E402
+from tutorial_pkg.measure.memory import Footprint  # noqa: E402
 
 __all__ = ["attention_footprint", "key_bias_here", "lm_footprint", "rope_footprint"]
 
@@ -38,7 +38,7 @@ def _mask_cast(device: torch.device, dtype: torch.dtype) -> bool:
 
     In 16 bits, yes, on every device: the kernel is handed a mask of q's dtype, so each
     call shifts the float32 slice (a float32 temporary) and rounds it (a 16-bit copy)
-    (``tutorial_pkg.masks.additive_mask``).
+    (``tutorial_pkg.attention.masks.additive_mask``).
     """
     return dtype not in (torch.float32, torch.float64)
 
@@ -74,13 +74,13 @@ def attention_footprint(
     """The memory one attention case of :func:`attention_suite` needs, from its shapes.
 
     Counted in bytes from the shapes and element sizes, by following what each path
-    allocates (``tutorial_pkg.backends``, ``benchmarks/articles.py``), with
+    allocates (``tutorial_pkg.attention.backends``, ``benchmarks/articles.py``), with
     ``N = b H L d`` (one of q, k, v), ``S = b H L^2`` (the scores), ``B = H L^2`` (one
     bias), ``T`` the side of the cached table (``L`` rounded up to a power of two,
     at least 128), ``e`` the element size of ``dtype``, ``f`` that of float32 (the
     dtype of scores, biases and the naive backend's arithmetic):
 
-    * **inputs** (not in :attr:`~tutorial_pkg.memory.Footprint.need`: they exist
+    * **inputs** (not in :attr:`~tutorial_pkg.measure.memory.Footprint.need`: they exist
       before any case): q, k, v ``3 N e``, and the output gradient ``N e`` in training;
     * **output** ``N e``; RoPE and the hybrid add the rotated q and k, ``2 N e``;
     * **tables held**: ``sdpa`` (and ``auto`` where it has no key row) a float32
@@ -104,7 +104,7 @@ def attention_footprint(
     memory-efficient kernel: one more mask. Small terms (positions, the causal mask's
     ``L^2`` booleans, block masks) are counted where they coexist with the large ones; the
     rest (kernels' workspaces, the allocator's rounding) is left to the headroom of
-    :func:`tutorial_pkg.memory.fit_problem`.
+    :func:`tutorial_pkg.measure.memory.fit_problem`.
 
     Args:
         encoding: ``"nope"``, ``"rope"``, ``"alibi"`` or ``"hybrid"``, or ``"none"``
@@ -116,10 +116,10 @@ def attention_footprint(
         train: Forward and backward (``fwd+bwd``) instead of inference.
         device: Where it runs (the mask rules differ between CPU and GPU).
         key_bias: Whether ``auto`` takes its key row; default: asks
-            ``tutorial_pkg.backends.key_bias_supported``.
+            ``tutorial_pkg.attention.backends.key_bias_supported``.
 
     Returns:
-        The :class:`~tutorial_pkg.memory.Footprint`, with its terms in ``parts``.
+        The :class:`~tutorial_pkg.measure.memory.Footprint`, with its terms in ``parts``.
     """
     dev = torch.device(device)
     b, h, L, d = batch, heads, seq_len, head_dim

@@ -167,7 +167,7 @@ def footprint_rows(records: Sequence[dict[str, Any]], headroom: float = 0.20,
 
     Measured: ``held_bytes + peak_bytes`` (what the case keeps, plus the extra at the peak
     of a call after warm-up). ``over`` when that exceeds the estimate with the headroom the
-    memory check leaves (``tutorial_pkg.memory.MEMORY_HEADROOM`` and
+    memory check leaves (``tutorial_pkg.measure.memory.MEMORY_HEADROOM`` and
     ``MEMORY_RESERVE_BYTES``, the defaults here): the check would then have let through a
     case that does not fit. ``ratio`` (measured / estimate) says how close the model is.
     """
@@ -277,7 +277,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     import torch
 
     sys.path.insert(0, str(REPO))
-    from tutorial_pkg import benchmark as bm
+    from tutorial_pkg import measure as bm
 
     cuda = torch.cuda.is_available()
     if not cuda and not args.allow_cpu:

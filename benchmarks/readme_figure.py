@@ -23,7 +23,7 @@ import matplotlib  # noqa: E402
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from tutorial_pkg.experiments import summarize_seeds  # noqa: E402
+from tutorial_pkg.experiments.training import summarize_seeds  # noqa: E402
 from tutorial_pkg.plotting import band_curves  # noqa: E402
 
 SHOWN = ("nope", "sinusoidal", "sinusoidal_scaled", "learned", "rope", "alibi", "hybrid")

@@ -6,7 +6,7 @@ with one thread, inference (no autograd):
 * ``copy q,k`` (the reference): ``q.clone(), k.clone()``, the same definition as the
   ``rope`` group of ``benchmarks/suite.py`` (its limit case), on the same shape
   (``--shape``, default the suite's ``4 8 2048 64``);
-* ``rotate (attention)``: :class:`~tutorial_pkg.rope.RotaryEmbedding` on q and k as
+* ``rotate (attention)``: :class:`~tutorial_pkg.encodings.rope.RotaryEmbedding` on q and k as
   attention calls it (``rope(q, k, pos, pos, check_positions=False)`` with ``pos =
   arange(s)[None]``, so the cos/sin tables are built in the call);
 * ``rotate``: ``rope(q, k)`` (default positions: the cached tables);
@@ -15,7 +15,7 @@ with one thread, inference (no autograd):
   function on Hugging Face's ``[1, s, h_d]`` tables in q's dtype (built once, outside the
   timing, as its model does once per forward pass), when transformers is installed.
 
-The results file (``--out``) holds the records (:func:`tutorial_pkg.benchmark.save_results`:
+The results file (``--out``) holds the records (:func:`tutorial_pkg.measure.compare.save_results`:
 hardware, load average at start and end, glibc's setting) and a ``summary``: per dtype and
 case the ratio to the copy (the median over rounds of the paired per-round ratio) with the
 range over rounds.
@@ -37,8 +37,8 @@ if __package__ in (None, ""):  # run as a script: make the repository importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.allocator import keep_freed_memory  # noqa: E402
-from tutorial_pkg import benchmark as bm  # noqa: E402
-from tutorial_pkg.rope import RotaryEmbedding, apply_rope  # noqa: E402
+from tutorial_pkg import measure as bm  # noqa: E402
+from tutorial_pkg.encodings.rope import RotaryEmbedding, apply_rope  # noqa: E402
 
 REFERENCE = "copy q,k"
 DTYPES = ("float32", "bfloat16")

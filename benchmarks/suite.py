@@ -11,7 +11,7 @@ Usage (from the repository root)::
 The suite (:func:`default_suite`) measures attention per encoding x backend x length x
 pass (:func:`attention_suite`), RoPE applied to q and k (:func:`rope_suite`) and a
 training step of the tiny LM (:func:`lm_suite`), every case next to its limit reference
-with :func:`tutorial_pkg.benchmark.compare`. The command line prints one table per group,
+with :func:`tutorial_pkg.measure.compare.compare`. The command line prints one table per group,
 writes the JSON results file (``--out``), reads it back and prints one line per
 performance target with the ratio it reached. Every case carries its expected memory
 (:func:`attention_footprint`, :func:`rope_footprint`, :func:`lm_footprint`) and frees what it
@@ -22,7 +22,7 @@ two cases measured side by side in the same run (interleaved rounds, medians), n
 from different runs. The exit status is 0 whatever the targets say: timings are evidence to
 read, not a test. ``--suite module:function`` runs any other suite with the same signature.
 
-The measuring library is the package's :mod:`tutorial_pkg.benchmark`; this folder holds
+The measuring library is the package's :mod:`tutorial_pkg.measure.compare`; this folder holds
 what uses it and what no model should import: the cases' expected memory
 (``footprints.py``), the targets (``targets.py``), the allocator setting of the command line
 (``allocator.py``) and the articles' code (``articles.py``).
@@ -56,8 +56,8 @@ from benchmarks.footprints import (  # noqa: E402
     rope_footprint,
 )
 from benchmarks.targets import check_targets, format_targets, one_off_costs  # noqa: E402
-from tutorial_pkg import benchmark as bm  # noqa: E402
-from tutorial_pkg.benchmark import Case  # noqa: E402
+from tutorial_pkg import measure as bm  # noqa: E402
+from tutorial_pkg.measure.compare import Case  # noqa: E402
 
 #: Name of the attention groups' reference case in the book's results files:
 #: ``scaled_dot_product_attention(is_causal=True)`` with no encoding.
@@ -177,7 +177,7 @@ class Lazy:
 
     What a case holds (the articles' buffer, a 3-D mask) is built by its first call, so
     that it exists only while that case is measured, not from the moment the group is
-    built; :meth:`release` is the case's :attr:`~tutorial_pkg.benchmark.Case.release`.
+    built; :meth:`release` is the case's :attr:`~tutorial_pkg.measure.compare.Case.release`.
     """
 
     def __init__(self, build: Callable[[], Any]) -> None:
@@ -199,7 +199,7 @@ def _sdpa_causal(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Ten
 def _held_bytes(*modules: Any) -> int:
     """Bytes of the buffers and caches a module keeps between calls (encodings, baselines)."""
     from tutorial_pkg import backends
-    from tutorial_pkg.encodings import PositionEncoding
+    from tutorial_pkg.encodings.builtin import PositionEncoding
 
     seen: set[int] = set()
     total = 0
@@ -273,7 +273,7 @@ def attention_suite(args: argparse.Namespace) -> Iterator[SuiteEntry]:
     (:data:`ATTENTION_LIMIT`, ``scaled_dot_product_attention(..., is_causal=True)``
     without any encoding), then ``{encoding}/{backend}`` for
     ``args.encodings`` x ``args.backends`` through
-    :meth:`~tutorial_pkg.attention.MultiHeadAttention.attend` (q, k, v already
+    :meth:`~tutorial_pkg.attention.layer.MultiHeadAttention.attend` (q, k, v already
     projected: projections cost the same for every case and would only dilute the
     ratios), and for ALiBi two extra points: ``alibi/article``
     (:class:`~benchmarks.articles.ArticlesALiBiAttention`, its buffer grown to the
@@ -288,8 +288,8 @@ def attention_suite(args: argparse.Namespace) -> Iterator[SuiteEntry]:
     moved to the device with its layer, so each record's ``held_bytes`` is that
     path's own cache. What a case holds (the backends' tables of its encoding, the
     articles' buffer, the 3-D mask) is built by its first call and freed by its
-    :attr:`~tutorial_pkg.benchmark.Case.release` once it is measured, and each case
-    carries its :func:`attention_footprint`, so that :func:`~tutorial_pkg.benchmark.compare`
+    :attr:`~tutorial_pkg.measure.compare.Case.release` once it is measured, and each case
+    carries its :func:`attention_footprint`, so that :func:`~tutorial_pkg.measure.compare.compare`
     skips, with the reason, what would not fit in the device's memory.
 
     Args:
@@ -301,8 +301,8 @@ def attention_suite(args: argparse.Namespace) -> Iterator[SuiteEntry]:
         entry is generated, so only one group's tensors are alive at a time.
     """
     from tutorial_pkg import backends
-    from tutorial_pkg.attention import MultiHeadAttention
-    from tutorial_pkg.registry import make_encoding
+    from tutorial_pkg.attention.layer import MultiHeadAttention
+    from tutorial_pkg.encodings.registry import make_encoding
 
     device = torch.device(args.device)
     dtype = _suite_dtype(args)
@@ -388,7 +388,7 @@ def rope_suite(args: argparse.Namespace) -> Iterator[SuiteEntry]:
     """Applying RoPE to q and k, per dtype, next to copying them (:data:`ROPE_LIMIT`).
 
     Cases: ``apply_rope`` (the readable reference form), ``rotate`` (the default
-    path: :class:`~tutorial_pkg.rope.RotaryEmbedding` on q and k, no compiling; on a
+    path: :class:`~tutorial_pkg.encodings.rope.RotaryEmbedding` on q and k, no compiling; on a
     CPU the three kernels run block by block so that q and k cross memory about once),
     ``rotate fused`` (the same with ``fused=True``: one compiled call for q and k;
     its compile time is the record's ``first_call_ms``), ``rotate_half`` (Hugging Face's
@@ -419,13 +419,13 @@ def _plan(args: argparse.Namespace) -> DevicePlan:
 
 def _rope_entry(device: torch.device, shape: tuple[int, ...], dtype_name: str,
                 plan: DevicePlan | None = None) -> SuiteEntry:
-    from tutorial_pkg.rope import (
+    from tutorial_pkg.encodings.rope import (
         RotaryEmbedding,
         apply_rope,
         apply_rope_complex,
         precompute_freqs_cis,
     )
-    from tutorial_pkg.rope import rotate_half as hf_rotate_half
+    from tutorial_pkg.encodings.rope import rotate_half as hf_rotate_half
 
     plan = plan if plan is not None else device_plan(device)
     b, h, s, d = shape
@@ -483,7 +483,7 @@ def lm_suite(args: argparse.Namespace) -> Iterator[SuiteEntry]:
     the same model with no position information, i.e. what a step costs before
     any encoding adds work.
     """
-    from tutorial_pkg.model import TinyLM
+    from tutorial_pkg.models.tiny_lm import TinyLM
 
     device = torch.device(args.device)
     batch, length = args.lm_batch, args.lm_len

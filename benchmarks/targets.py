@@ -16,7 +16,7 @@ from pathlib import Path
 if __package__ in (None, ""):  # run as a script: make the repository importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tutorial_pkg.records import BenchRecord  # noqa: E402
+from tutorial_pkg.measure.records import BenchRecord  # noqa: E402
 
 __all__ = ["Target", "check_targets", "format_targets", "one_off_costs", "targets"]
 

@@ -43,6 +43,6 @@ def one_thread():
 def _clear_backend_caches():
     """No test inherits the bias tables and block masks of the one before it."""
     yield
-    backends = sys.modules.get("tutorial_pkg.backends")  # imported by the test, if at all
+    backends = sys.modules.get("tutorial_pkg.attention.backends")  # imported by the test, if at all
     if backends is not None:
         backends.clear_caches()

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from tutorial_pkg import backends
-from tutorial_pkg.registry import make_encoding
+from tutorial_pkg.encodings.registry import make_encoding
 
 HAS_FLEX = backends.flex_available()[0]
 # compiles (inductor codegen): `pytest -m "not slow"` skips it while editing

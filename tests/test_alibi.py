@@ -1,4 +1,4 @@
-"""Tests of tutorial_pkg.alibi: slopes, the three bias forms, offsets, score_mod."""
+"""Tests of tutorial_pkg.encodings.alibi: slopes, the three bias forms, offsets, score_mod."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import textwrap
 import pytest
 import torch
 
-from tutorial_pkg.alibi import ALIBI_MODES, alibi_bias, alibi_score_mod, alibi_slopes
-from tutorial_pkg.encodings import ALiBi
+from tutorial_pkg.encodings.alibi import ALIBI_MODES, alibi_bias, alibi_score_mod, alibi_slopes
+from tutorial_pkg.encodings.builtin import ALiBi
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -157,7 +157,7 @@ def test_bias_scale_scales_every_hook(mode):
 
 
 def test_bias_scale_in_the_hybrid_and_checked():
-    from tutorial_pkg.encodings import Hybrid
+    from tutorial_pkg.encodings.builtin import Hybrid
 
     hyb = Hybrid(8, 4, bias_scale=0.25)
     torch.testing.assert_close(hyb.effective_slopes(), 0.25 * alibi_slopes(4))

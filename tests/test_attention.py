@@ -1,4 +1,4 @@
-"""Tests of tutorial_pkg.attention: backends agree, masking, KV cache, gradients, compile.
+"""Tests of tutorial_pkg.attention.layer: backends agree, masking, KV cache, gradients, compile.
 
 Sizes are tiny (CPU, 2 cores). FlexAttention runs eagerly (``compile_flex=False``)
 except in one test, which compiles it for one small shape.
@@ -15,9 +15,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from tutorial_pkg import backends
-from tutorial_pkg.attention import KVCache, MultiHeadAttention, TransformerBlock
-from tutorial_pkg.encodings import ALiBi, Hybrid
-from tutorial_pkg.registry import make_encoding
+from tutorial_pkg.attention.layer import KVCache, MultiHeadAttention, TransformerBlock
+from tutorial_pkg.encodings.builtin import ALiBi, Hybrid
+from tutorial_pkg.encodings.registry import make_encoding
 
 from .layer_cases import no_fallback
 
@@ -530,7 +530,7 @@ def test_flex_under_no_grad_with_inputs_that_require_grad():
 @pytest.mark.parametrize("key", ENCODINGS)
 def test_modules_build_on_the_meta_device(key):
     # as torchtune does for large models: build without memory, then materialise
-    from tutorial_pkg.model import TinyLM
+    from tutorial_pkg.models.tiny_lm import TinyLM
 
     with torch.device("meta"):
         enc = build_encoding(key)

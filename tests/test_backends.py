@@ -1,5 +1,5 @@
-"""Tests of tutorial_pkg.backends as a registry: one signature, each backend's own fallback,
-the kernel rules tests switch, the caches; and the KV cache's public contract."""
+"""Tests of tutorial_pkg.attention.backends as a registry: one signature, each backend's own
+fallback, the kernel rules tests switch, the caches; and the KV cache's public contract."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ import torch
 
 import tutorial_pkg as tp
 from tutorial_pkg import backends
-from tutorial_pkg.attention import KVCache, MultiHeadAttention
-from tutorial_pkg.masks import AttentionPlan
+from tutorial_pkg.attention.layer import KVCache, MultiHeadAttention
+from tutorial_pkg.attention.masks import AttentionPlan
 
 pytestmark = [pytest.mark.usefixtures("one_thread"),
               pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")]

@@ -1,4 +1,4 @@
-"""Tests of the measuring library (tutorial_pkg.benchmark) and of the suite that uses it
+"""Tests of the measuring library (tutorial_pkg.measure.compare) and of the suite that uses it
 (benchmarks/suite.py): CPU only, tiny sizes.
 
 They check that the harness measures what it claims (a 2 ms sleep reads ~2 ms,
@@ -26,8 +26,8 @@ import torch
 
 from benchmarks import suite as bs
 from benchmarks.allocator import keep_freed_memory
-from tutorial_pkg import benchmark as bm
-from tutorial_pkg import memory
+from tutorial_pkg import measure as bm
+from tutorial_pkg.measure import memory
 
 pytestmark = [
     pytest.mark.filterwarnings("ignore:`torch.jit.script_method` is deprecated"),
@@ -708,13 +708,13 @@ def test_library_does_not_import_the_model():
         imported = {n.module or "" for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
         imported |= {a.name for n in ast.walk(tree) if isinstance(n, ast.Import)
                      for a in n.names}
-        assert not {"model", ".model", "tutorial_pkg.model", "attention", "encodings",
+        assert not {"model", ".model", "tutorial_pkg.models.tiny_lm", "attention", "encodings",
                     "benchmarks", "matplotlib"} & imported, module
 
 
 def test_make_bench_runs_a_command_that_takes_its_options():
     """``make bench`` names a program that exists and parses the options it is given (the
-    old target ran ``python -m tutorial_pkg.benchmark``, a module with no ``__main__``: it
+    old target ran ``python -m tutorial_pkg.measure.compare``, a module with no ``__main__``: it
     exited 0, printed nothing and wrote nothing)."""
     import shlex
     import shutil
@@ -927,7 +927,7 @@ def test_ratio_range_is_the_spread_of_the_round_ratios():
 def test_compare_flushes_l2_on_a_cuda_device(monkeypatch):
     """compare asks time_fn to flush L2 on CUDA (default) and not on a CPU; the CUDA path is
     rehearsed through the library's public names and torch.cuda's, no GPU needed."""
-    import tutorial_pkg.benchmark as bench
+    import tutorial_pkg.measure as bench
 
     seen = []
 

@@ -19,8 +19,8 @@ from tutorial_pkg import (
     backends,
     make_encoding,
 )
-from tutorial_pkg.experiments import ExperimentConfig, evaluate, train
-from tutorial_pkg.model import TinyLM
+from tutorial_pkg.experiments.training import ExperimentConfig, evaluate, train
+from tutorial_pkg.models.tiny_lm import TinyLM
 
 from .test_positions import BACKENDS  # every backend; flex where FlexAttention exists
 

@@ -1,4 +1,5 @@
-"""Tests of tutorial_pkg.data: the offline Shakespeare corpus, tokenizer, splits, batches."""
+"""Tests of tutorial_pkg.experiments.data: the offline Shakespeare corpus, tokenizer, splits,
+batches."""
 
 from __future__ import annotations
 
@@ -7,8 +8,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tutorial_pkg import data
-from tutorial_pkg.data import (
+from tutorial_pkg.experiments import data
+from tutorial_pkg.experiments.data import (
     ByteTokenizer,
     CorpusChecksumError,
     CorpusNotFoundError,

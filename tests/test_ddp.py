@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tutorial_pkg.experiments import ExperimentConfig, train
+from tutorial_pkg.experiments.training import ExperimentConfig, train
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -19,7 +19,7 @@ def test_two_gloo_processes_train_as_one_process_with_the_same_global_batch(tmp_
     out = tmp_path / "ddp.pt"
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-           "-m", "tutorial_pkg.distributed", "--encoding", "alibi", "--d-model", "32",
+           "-m", "tutorial_pkg.experiments.distributed", "--encoding", "alibi", "--d-model", "32",
            "--n-layers", "1", "--n-heads", "2", "--train-len", "16", "--steps", "5",
            "--batch-size", "4", "--device", "cpu", "--out", str(out)]
     done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=180)
@@ -39,7 +39,7 @@ def test_two_gloo_processes_train_as_one_process_with_the_same_global_batch(tmp_
 
 
 def test_train_ddp_outside_torchrun_says_so(monkeypatch):
-    from tutorial_pkg.distributed import train_ddp
+    from tutorial_pkg.experiments.distributed import train_ddp
 
     monkeypatch.delenv("RANK", raising=False)
     monkeypatch.delenv("WORLD_SIZE", raising=False)

@@ -47,8 +47,8 @@ from torch.utils._pytree import tree_leaves
 
 import tutorial_pkg as tp
 from tutorial_pkg import backends
-from tutorial_pkg.attention import KVCache, MultiHeadAttention
-from tutorial_pkg.model import TinyLM
+from tutorial_pkg.attention.layer import KVCache, MultiHeadAttention
+from tutorial_pkg.models.tiny_lm import TinyLM
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -12,7 +12,7 @@ import torch
 
 import tutorial_pkg as tp
 from tutorial_pkg import diagnose as dg
-from tutorial_pkg.model import TinyLM
+from tutorial_pkg.models.tiny_lm import TinyLM
 
 ROOT = Path(__file__).resolve().parents[1]
 

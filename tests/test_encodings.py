@@ -1,4 +1,5 @@
-"""Tests of tutorial_pkg.encodings: the hooks of every encoding, the registry, bias caching."""
+"""Tests of tutorial_pkg.encodings.builtin: the hooks of every encoding, the registry, bias
+caching."""
 
 from __future__ import annotations
 
@@ -9,9 +10,9 @@ import torch
 import torch.nn.functional as F
 
 from tutorial_pkg import backends
-from tutorial_pkg.alibi import alibi_bias, alibi_slopes
-from tutorial_pkg.attention import MultiHeadAttention
-from tutorial_pkg.encodings import (
+from tutorial_pkg.attention.layer import MultiHeadAttention
+from tutorial_pkg.encodings.alibi import alibi_bias, alibi_slopes
+from tutorial_pkg.encodings.builtin import (
     ALiBi,
     Hybrid,
     Learned,
@@ -20,12 +21,12 @@ from tutorial_pkg.encodings import (
     Rotary,
     Sinusoidal,
 )
-from tutorial_pkg.registry import ENCODINGS, make_encoding, register_encoding
-from tutorial_pkg.relative_bias import T5RelativeBias
-from tutorial_pkg.rope import RotaryEmbedding
-from tutorial_pkg.rope_config import read_rope_config
-from tutorial_pkg.schedules import LayerSchedule, LocalGlobal, NoPEEvery
-from tutorial_pkg.sinusoidal import sinusoidal_table
+from tutorial_pkg.encodings.registry import ENCODINGS, make_encoding, register_encoding
+from tutorial_pkg.encodings.relative_bias import T5RelativeBias
+from tutorial_pkg.encodings.rope import RotaryEmbedding
+from tutorial_pkg.encodings.rope_config import read_rope_config
+from tutorial_pkg.encodings.schedules import LayerSchedule, LocalGlobal, NoPEEvery
+from tutorial_pkg.encodings.sinusoidal import sinusoidal_table
 
 D_MODEL, N_HEADS, HEAD_DIM = 16, 4, 4
 

@@ -219,7 +219,7 @@ CASES = [
 
 
 def tiny_lm():
-    from tutorial_pkg.model import TinyLM
+    from tutorial_pkg.models.tiny_lm import TinyLM
 
     return TinyLM("alibi", d_model=16, n_heads=2, n_layers=2)
 

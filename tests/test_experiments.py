@@ -1,4 +1,5 @@
-"""Tests of tutorial_pkg.experiments: training, evaluation by length, scaling, records, seeds."""
+"""Tests of tutorial_pkg.experiments.training: training, evaluation by length, scaling, records,
+seeds."""
 
 from __future__ import annotations
 
@@ -7,10 +8,10 @@ import math
 import pytest
 import torch
 
-from tutorial_pkg import experiments
-from tutorial_pkg.data import load_splits
-from tutorial_pkg.encodings import Rotary
-from tutorial_pkg.experiments import (
+from tutorial_pkg.encodings.builtin import Rotary
+from tutorial_pkg.experiments import training as experiments
+from tutorial_pkg.experiments.data import load_splits
+from tutorial_pkg.experiments.training import (
     ExperimentConfig,
     build_model,
     evaluate,
@@ -23,7 +24,7 @@ from tutorial_pkg.experiments import (
     train,
     training_batches,
 )
-from tutorial_pkg.model import TinyLM
+from tutorial_pkg.models.tiny_lm import TinyLM
 
 NAMES = ["nope", "sinusoidal", "learned", "rope", "alibi", "hybrid"]
 TINY = ExperimentConfig(
@@ -290,8 +291,8 @@ def test_summarize_seeds():
 
 def test_build_model_takes_a_schedule_instance():
     # a LayerSchedule is not a PositionEncoding, yet TinyLM takes it: so does build_model
-    from tutorial_pkg.experiments import ExperimentConfig, build_model
-    from tutorial_pkg.schedules import NoPEEvery
+    from tutorial_pkg.encodings.schedules import NoPEEvery
+    from tutorial_pkg.experiments.training import ExperimentConfig, build_model
 
     cfg = ExperimentConfig(d_model=32, n_layers=2, n_heads=4, train_len=16, device="cpu")
     model = build_model(NoPEEvery(8, every=2), cfg)
@@ -302,7 +303,7 @@ def test_build_model_takes_a_schedule_instance():
 
 # --------------------------------------------------------------------------- fixed targets
 
-from tutorial_pkg.context_eval import (  # noqa: E402
+from tutorial_pkg.experiments.context_eval import (  # noqa: E402
     all_token_perplexity,
     evaluate_fixed_targets,
     fixed_target_windows,

@@ -3,7 +3,7 @@
 On a GPU, chapter 5 runs in float16: the float mask has q's dtype (so the cached table is
 cast per call, as on every device in 16 bits), and the fused GPU kernels may refuse a key row
 together with ``is_causal`` (so ``"auto"`` falls back to the cached table). That rule is
-``tutorial_pkg.backends.KernelRules.key_bias``; here it is set the GPU's way on the CPU
+``tutorial_pkg.attention.backends.KernelRules.key_bias``; here it is set the GPU's way on the CPU
 (``backends.assume_kernels``), the chapter's own memory
 cell (tagged ``gpu-rehearsal``) is run on suite records measured in float16 and bfloat16,
 and the half-precision paths are checked against the float64 oracle. The old cell
@@ -22,8 +22,8 @@ import torch
 import tutorial_pkg as tp
 from benchmarks import suite as bs
 from tutorial_pkg import backends
-from tutorial_pkg import benchmark as bm
-from tutorial_pkg.rope_kernels import fast_rope
+from tutorial_pkg import measure as bm
+from tutorial_pkg.encodings.rope_kernels import fast_rope
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -1,4 +1,4 @@
-"""tutorial_pkg.hf: the README's loader snippet, what the loader refuses (by name), the
+"""tutorial_pkg.models.hf: the README's loader snippet, what the loader refuses (by name), the
 attention-mask conversion, and that the package never imports transformers.
 
 The loader's numbers against Hugging Face (every supported family, every backend, causal
@@ -34,7 +34,7 @@ def test_readme_hf_snippet_runs():
 
 
 def test_import_tutorial_pkg_never_imports_transformers():
-    code = ("import sys, tutorial_pkg, tutorial_pkg.hf; "
+    code = ("import sys, tutorial_pkg, tutorial_pkg.models.hf; "
             "assert 'transformers' not in sys.modules, 'transformers was imported'")
     subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)
 

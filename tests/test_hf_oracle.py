@@ -881,7 +881,7 @@ _LOADER_SDPA = {"falcon-alibi", "falcon-alibi-new_arch"}
     not tp.flex_available()[0], reason="FlexAttention unavailable"))])
 @pytest.mark.parametrize("name", list(LOADER_CASES))
 def test_loader_from_hf_attention(name, backend, padded, record_property):
-    """tutorial_pkg.hf.from_hf_attention(module, config): the family's output, every backend
+    """tutorial_pkg.models.hf.from_hf_attention(module, config): the family's output, every backend
     (flex eagerly: 10-20 tokens are below one tile on CPU; it must not fall back to sdpa).
     BLOOM's module adds the residual inside; the loaded layer does not. Falcon's ALiBi
     against HF's sdpa (_LOADER_SDPA)."""
@@ -889,7 +889,7 @@ def test_loader_from_hf_attention(name, backend, padded, record_property):
     config, model, attn = _hf_layer(fam, cls, path, **overrides)
     if name in _LOADER_SDPA:
         config._attn_implementation = "sdpa"
-    hf = importlib.import_module("tutorial_pkg.hf")
+    hf = importlib.import_module("tutorial_pkg.models.hf")
     ours = hf.from_hf_attention(attn, config, backend=backend)
     assert ours.q_proj.weight.dtype == torch.float64  # the module's dtype
     seen, pad, positions = _run_hf(model, attn, s, padded)

@@ -21,7 +21,7 @@ import warnings
 import pytest
 import torch
 
-from tutorial_pkg.attention import KVCache, MultiHeadAttention
+from tutorial_pkg.attention.layer import KVCache, MultiHeadAttention
 from tutorial_pkg.diagnose import record_sdpa_masks
 
 from .layer_cases import LAYER_MARKS, D, H, encoding
@@ -40,7 +40,7 @@ S = 9
 
 def _encoding(key: str):
     if key == "alibi-key_only":
-        from tutorial_pkg.encodings import ALiBi
+        from tutorial_pkg.encodings.builtin import ALiBi
 
         return ALiBi(H, mode="key_only")
     return encoding(key)

@@ -13,37 +13,92 @@ import tutorial_pkg as tp
 
 PACKAGE = Path(tp.__file__).resolve().parent
 MAX_LINES = 750  # "no module over ~700 lines"
+#: The subpackages, bottom to top, and what each may import (besides ``_checks``).
+LAYERS = {
+    "encodings": set(),
+    "attention": {"encodings"},
+    "models": {"encodings", "attention"},
+    "measure": set(),
+    "experiments": {"encodings", "attention", "models", "measure"},
+    "diagnose": {"encodings", "attention"},
+}
+
+
+def _dotted(path: Path) -> str:
+    parts = list(path.relative_to(PACKAGE).with_suffix("").parts)
+    return ".".join(parts)  # a package's __init__ keeps its name: "diagnose.__init__"
 
 
 def _modules() -> dict[str, Path]:
-    return {p.stem: p for p in sorted(PACKAGE.glob("*.py")) if p.stem != "__init__"}
+    """Every module of the package but the top-level ``__init__``, by dotted name."""
+    return {_dotted(p): p for p in sorted(PACKAGE.rglob("*.py")) if p != PACKAGE / "__init__.py"}
+
+
+def _resolve(name: str) -> str | None:
+    """The module a dotted name inside the package refers to (a package: its __init__)."""
+    mods = _modules()
+    if name in mods:
+        return name
+    return f"{name}.__init__" if f"{name}.__init__" in mods else None
 
 
 def _package_imports(path: Path) -> set[str]:
-    """The package modules ``path`` imports (``from .x import``, ``from . import x``, absolute)."""
-    names = set(_modules())
+    """The package modules ``path`` imports, relative or absolute, at any depth."""
+    here = _dotted(path).split(".")[:-1]  # the package the module sits in
     found = set()
     for node in ast.walk(ast.parse(path.read_text())):
+        targets = []
         if isinstance(node, ast.ImportFrom):
-            mod = node.module or ""
-            if node.level == 1 and not mod:  # from . import x, y
-                found |= {a.name for a in node.names if a.name in names}
-            elif node.level == 1:
-                found.add(mod.split(".")[0])
-            elif mod.startswith("tutorial_pkg."):
-                found.add(mod.split(".")[1])
-            elif mod == "tutorial_pkg":
-                found |= {a.name for a in node.names if a.name in names}
+            if node.level:
+                base = here[: len(here) - node.level + 1]
+                mod = [*base, *(node.module.split(".") if node.module else [])]
+            elif (node.module or "").split(".")[0] == "tutorial_pkg":
+                mod = node.module.split(".")[1:]
+            else:
+                continue
+            targets.append(".".join(mod))
+            targets += [".".join([*mod, a.name]) for a in node.names]  # from . import x
         elif isinstance(node, ast.Import):
-            for a in node.names:
-                if a.name.startswith("tutorial_pkg."):
-                    found.add(a.name.split(".")[1])
-    return found & names
+            targets = [a.name.split(".", 1)[1] for a in node.names
+                       if a.name.startswith("tutorial_pkg.")]
+        found |= {m for m in map(_resolve, filter(None, targets)) if m}
+    return found
+
+
+def _layer(module: str) -> str:
+    return module.split(".")[0] if "." in module else module
 
 
 def test_no_module_over_the_size_limit():
     sizes = {name: len(p.read_text().splitlines()) for name, p in _modules().items()}
     assert {n: s for n, s in sizes.items() if s > MAX_LINES} == {}
+
+
+def test_every_module_sits_in_a_subpackage_by_concern():
+    top = {n for n in _modules() if "." not in n}
+    assert top == {"_checks", "plotting"}
+    assert {n.split(".")[0] for n in _modules() if "." in n} == set(LAYERS)
+    for sub in LAYERS:  # each says what it holds and which chapter explains it
+        doc = ast.get_docstring(ast.parse((PACKAGE / sub / "__init__.py").read_text()))
+        assert doc and "Chapter" in doc, sub
+
+
+def test_the_wheel_lists_every_subpackage():
+    try:
+        import tomllib
+    except ImportError:  # Python 3.10
+        import tomli as tomllib
+
+    pyproject = tomllib.loads((PACKAGE.parent / "pyproject.toml").read_text())
+    packages = pyproject["tool"]["setuptools"]["packages"]
+    assert sorted(packages) == sorted(["tutorial_pkg", *(f"tutorial_pkg.{s}" for s in LAYERS)])
+
+
+def test_subpackages_import_one_way():
+    upward = sorted((n, m) for n, p in _modules().items() for m in _package_imports(p)
+                    if _layer(m) not in (_layer(n), "_checks")
+                    and _layer(m) not in LAYERS.get(_layer(n), set(LAYERS)))
+    assert upward == []
 
 
 def test_package_imports_form_no_cycle():
@@ -71,7 +126,9 @@ def test_package_imports_form_no_cycle():
 
 
 def test_public_api_has_what_readers_use_and_no_backend_internals():
-    assert "TinyLM" in tp.__all__ and tp.TinyLM is __import__("tutorial_pkg.model").model.TinyLM
+    from tutorial_pkg.models.tiny_lm import TinyLM
+
+    assert "TinyLM" in tp.__all__ and tp.TinyLM is TinyLM
     internals = {"auto_key_bias", "sdpa_key_bias", "flex_blocker", "cached_tensors",
                  "cached_key_bias"}
     assert internals.isdisjoint(tp.__all__)
@@ -80,19 +137,28 @@ def test_public_api_has_what_readers_use_and_no_backend_internals():
     assert all(hasattr(tp, name) for name in tp.__all__)
 
 
-def test_readme_lists_every_module_bottom_to_top():
-    """README's "Layout" lists each module once, and each imports only modules listed above it."""
+def test_readme_tree_lists_every_module_bottom_to_top():
+    """README's "Layout" tree lists each module once, under its subpackage, and each
+    imports only modules listed above it."""
     import re
 
     text = (PACKAGE.parent / "README.md").read_text()
-    block = text[text.index("The package, bottom to top"):text.index("Where this differs")]
-    order = []
+    block = text[text.index("tutorial_pkg/\n"):text.index("Where this differs")]
+    order, sub = [], None
     for line in block.splitlines():
-        m = re.match(r"^([a-z_]+(?:, [a-z_]+)*)(?:\s{2,}|$)", line)
-        if m:
-            order += [n.strip() for n in m.group(1).split(",")]
-    assert sorted(order) == sorted(_modules())
+        if m := re.match(r"^  (\w+)/", line):
+            sub = m.group(1)
+        elif m := re.match(r"^    (\w+)\.py", line):
+            order.append(f"{sub}.{m.group(1)}")
+        elif m := re.match(r"^  (\w+)\.py", line):
+            order.append(m.group(1))
+    # the subpackages' __init__ are not listed (their docstring; measure's re-exports
+    # compare's names), but diagnose's, the front door
+    listed = set(_modules()) - {f"{s}.__init__" for s in LAYERS if s != "diagnose"}
+    assert sorted(order) == sorted(listed)
     pos = {n: i for i, n in enumerate(order)}
+    for s in LAYERS:
+        pos.setdefault(f"{s}.__init__", max(i for n, i in pos.items() if n.startswith(s + ".")))
     upward = [(n, m) for n, p in _modules().items() for m in _package_imports(p) - {n}
               if pos[m] > pos[n]]
     assert upward == []

@@ -1,4 +1,5 @@
-"""Tests of tutorial_pkg.masks: one rule per concern, composed; every backend's mask from them.
+"""Tests of tutorial_pkg.attention.masks: one rule per concern, composed; every backend's mask from
+them.
 
 Each rule is checked against its definition written out here (Hugging Face's
 ``masking_utils`` conventions for causal and sliding-window masks); the plan's dense mask,
@@ -13,7 +14,7 @@ import pytest
 import torch
 
 from tutorial_pkg import backends
-from tutorial_pkg.masks import (
+from tutorial_pkg.attention.masks import (
     AttentionPlan,
     and_masks,
     causal_mask,

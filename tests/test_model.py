@@ -1,4 +1,5 @@
-"""Tests of tutorial_pkg.model.TinyLM: shapes, shared initial weights, training, KV cache."""
+"""Tests of tutorial_pkg.models.tiny_lm.TinyLM: shapes, shared initial weights, training, KV
+cache."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ import pytest
 import torch
 
 from tutorial_pkg import backends, make_encoding
-from tutorial_pkg.model import TinyLM
+from tutorial_pkg.models.tiny_lm import TinyLM
 
 NAMES = ["nope", "sinusoidal", "learned", "rope", "alibi", "hybrid"]
 SMALL = dict(d_model=32, n_layers=2, n_heads=4, max_positions=32)
@@ -186,7 +187,7 @@ def test_default_backend_is_the_attention_default():
 
 def test_a_schedule_by_name_or_instance_gives_each_layer_its_encoding():
     from tutorial_pkg import NoPEEvery, PositionEncoding, Rotary
-    from tutorial_pkg.schedules import LayerSchedule
+    from tutorial_pkg.encodings.schedules import LayerSchedule
 
     by_name = tiny("irope", n_layers=4)
     assert isinstance(by_name.encoding, LayerSchedule)

@@ -43,7 +43,7 @@ def test_matplotlib_is_an_extra_not_a_dependency():
 
 def test_importing_the_package_and_its_measuring_library_imports_no_matplotlib():
     proc = _python("import sys\n"
-                   "import tutorial_pkg, tutorial_pkg.benchmark, tutorial_pkg.experiments\n"
+                   "import tutorial_pkg, tutorial_pkg.measure, tutorial_pkg.experiments.training\n"
                    "print(sorted(m for m in sys.modules if m.split('.')[0] == 'matplotlib'))")
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "[]"

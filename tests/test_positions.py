@@ -14,8 +14,8 @@ import pytest
 import torch
 
 from tutorial_pkg import backends
-from tutorial_pkg.model import TinyLM
-from tutorial_pkg.positions import positions_from_documents, positions_from_padding
+from tutorial_pkg.attention.positions import positions_from_documents, positions_from_padding
+from tutorial_pkg.models.tiny_lm import TinyLM
 
 BACKENDS = ["naive", "sdpa", "auto",
             pytest.param("flex", marks=pytest.mark.skipif(not backends.flex_available()[0],

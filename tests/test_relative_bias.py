@@ -1,4 +1,5 @@
-"""T5's relative bias (tutorial_pkg.relative_bias): the bucket function equals an independent
+"""T5's relative bias (tutorial_pkg.encodings.relative_bias): the bucket function equals an
+independent
 transcription of Hugging Face's ``T5Attention._relative_position_bucket``; the bias, its
 Flex ``score_mod`` and its gradients.
 """
@@ -10,10 +11,10 @@ import math
 import pytest
 import torch
 
-from tutorial_pkg.attention import MultiHeadAttention
-from tutorial_pkg.model import TinyLM
-from tutorial_pkg.registry import make_encoding
-from tutorial_pkg.relative_bias import T5RelativeBias, t5_relative_position_bucket
+from tutorial_pkg.attention.layer import MultiHeadAttention
+from tutorial_pkg.encodings.registry import make_encoding
+from tutorial_pkg.encodings.relative_bias import T5RelativeBias, t5_relative_position_bucket
+from tutorial_pkg.models.tiny_lm import TinyLM
 
 from .layer_cases import (
     LAYER_MARKS,

@@ -1,14 +1,14 @@
-"""Tests of tutorial_pkg.retrieval: the copy test and its control."""
+"""Tests of tutorial_pkg.experiments.retrieval: the copy test and its control."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from tutorial_pkg.data import load_splits
-from tutorial_pkg.experiments import ExperimentConfig, train
-from tutorial_pkg.model import TinyLM
-from tutorial_pkg.retrieval import copy_distances, retrieval_test
+from tutorial_pkg.experiments.data import load_splits
+from tutorial_pkg.experiments.retrieval import copy_distances, retrieval_test
+from tutorial_pkg.experiments.training import ExperimentConfig, train
+from tutorial_pkg.models.tiny_lm import TinyLM
 
 TINY = ExperimentConfig(
     d_model=32, n_layers=1, n_heads=2, train_len=16, steps=20, batch_size=8, lr=1e-2,

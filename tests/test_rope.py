@@ -1,4 +1,5 @@
-"""Tests of tutorial_pkg.rope: layouts, the complex form, weight conversion, scaling, precision."""
+"""Tests of tutorial_pkg.encodings.rope: layouts, the complex form, weight conversion, scaling,
+precision."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tutorial_pkg.rope import (
+from tutorial_pkg.encodings.rope import (
     LAYOUTS,
     RotaryEmbedding,
     apply_rope,
@@ -28,7 +29,7 @@ from tutorial_pkg.rope import (
     rotate_half,
     scaled_inv_freq,
 )
-from tutorial_pkg.rope_kernels import fast_rope
+from tutorial_pkg.encodings.rope_kernels import fast_rope
 
 PROPERTY = settings(max_examples=25, deadline=None)
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -490,7 +491,7 @@ def test_16bit_rope_same_bits_blocked_or_not_and_backward_matches_float32(dtype)
 
 def test_16bit_rope_function_gradcheck_in_float64():
     # the ops of the unblocked 16-bit path (_rope_half_upcast), run in float64
-    from tutorial_pkg.rope_kernels import _rope_half_upcast
+    from tutorial_pkg.encodings.rope_kernels import _rope_half_upcast
 
     rot = RotaryEmbedding(8)
     cos, sin = (t.double() for t in rot.cos_sin(start=3, length=5))
@@ -614,7 +615,7 @@ def test_rope_speed_cases_compute_the_rotation():
 def test_rope_speed_record_is_well_formed_and_states_ratios():
     """The recorded run (benchmarks/rope_speed.py): where it ran, how busy the machine was,
     and per dtype each case's ratio to the copy of q and k with its range over rounds."""
-    from tutorial_pkg.benchmark import load_results
+    from tutorial_pkg.measure.compare import load_results
 
     hardware, records = load_results(SPEED_RECORD)
     for key in ("cpu", "torch", "date", "loadavg", "loadavg_end", "malloc", "command"):

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from tutorial_pkg import RotaryEmbedding, inv_freq, scaled_inv_freq
-from tutorial_pkg.rope_scaling import (
+from tutorial_pkg.encodings.rope_scaling import (
     ROPE_SCALINGS,
     depends_on_length,
     dynamic_ntk_scaling,

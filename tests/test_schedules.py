@@ -1,4 +1,5 @@
-"""Per-layer schedules (tutorial_pkg.schedules): the layer rules of Hugging Face's Llama 4 /
+"""Per-layer schedules (tutorial_pkg.encodings.schedules): the layer rules of Hugging Face's Llama
+4 /
 SmolLM3 (``no_rope_layers``) and Gemma 3 (``layer_types``) configs, transcribed here;
 TinyLM by name, by list, decoding with a cache.
 """
@@ -8,12 +9,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tutorial_pkg.attention import MultiHeadAttention
-from tutorial_pkg.encodings import NoPE, Rotary
-from tutorial_pkg.model import TinyLM
-from tutorial_pkg.registry import ENCODINGS, make_encoding
-from tutorial_pkg.relative_bias import T5RelativeBias
-from tutorial_pkg.schedules import LayerSchedule, LocalGlobal, NoPEEvery, PerLayer
+from tutorial_pkg.attention.layer import MultiHeadAttention
+from tutorial_pkg.encodings.builtin import NoPE, Rotary
+from tutorial_pkg.encodings.registry import ENCODINGS, make_encoding
+from tutorial_pkg.encodings.relative_bias import T5RelativeBias
+from tutorial_pkg.encodings.schedules import LayerSchedule, LocalGlobal, NoPEEvery, PerLayer
+from tutorial_pkg.models.tiny_lm import TinyLM
 
 from .layer_cases import (
     ALL_BACKENDS,

@@ -1,4 +1,4 @@
-"""Tests of tutorial_pkg.sinusoidal: the table of Vaswani et al. (2017) and its module."""
+"""Tests of tutorial_pkg.encodings.sinusoidal: the table of Vaswani et al. (2017) and its module."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from tutorial_pkg.sinusoidal import (
+from tutorial_pkg.encodings.sinusoidal import (
     SinusoidalPositionalEmbedding,
     sinusoidal_frequencies,
     sinusoidal_table,

@@ -13,10 +13,10 @@ import pytest
 import torch
 
 from tutorial_pkg import backends
-from tutorial_pkg.attention import KVCache, MultiHeadAttention
-from tutorial_pkg.backends import AttentionPlan
-from tutorial_pkg.model import TinyLM
-from tutorial_pkg.positions import positions_from_documents, positions_from_padding
+from tutorial_pkg.attention.backends import AttentionPlan
+from tutorial_pkg.attention.layer import KVCache, MultiHeadAttention
+from tutorial_pkg.attention.positions import positions_from_documents, positions_from_padding
+from tutorial_pkg.models.tiny_lm import TinyLM
 
 from .layer_cases import (
     ALL_BACKENDS,

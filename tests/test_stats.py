@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from tutorial_pkg.stats import (
+from tutorial_pkg.experiments.stats import (
     bonferroni,
     bootstrap_interval,
     paired_difference,

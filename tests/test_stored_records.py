@@ -18,7 +18,7 @@ import torch
 
 import tutorial_pkg as tp
 from tutorial_pkg import diagnose as dg
-from tutorial_pkg.model import TinyLM
+from tutorial_pkg.models.tiny_lm import TinyLM
 
 ROOT = Path(__file__).resolve().parents[1]
 # the pattern of the repository's notebook hook: 1.23e-05 and smaller, in scientific notation
@@ -110,7 +110,7 @@ def test_recorded_benchmark_runs_carry_their_spread_and_pass_their_control():
     """Every stored benchmark file loads, every ratio measured in several rounds has its range
     (what chapter 5 states its conclusions with), and where a group has the A/A control
     (``nope/sdpa``, the limit's own call) it reads 1 within its spread."""
-    from tutorial_pkg import benchmark as bm
+    from tutorial_pkg import measure as bm
 
     files = sorted((ROOT / "book" / "data").glob("benchmark_*.json"))
     assert files

@@ -35,7 +35,7 @@ import torch
 
 from benchmarks import suite as bs
 from tutorial_pkg import backends
-from tutorial_pkg.encodings import PositionEncoding
+from tutorial_pkg.encodings.builtin import PositionEncoding
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -1,12 +1,13 @@
-"""Tests of tutorial_pkg.tasks: chapter 6's synthetic tasks and the half-slope control."""
+"""Tests of tutorial_pkg.experiments.tasks: chapter 6's synthetic tasks and the half-slope
+control."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from tutorial_pkg.encodings import Hybrid
-from tutorial_pkg.tasks import task_batch, train_task
+from tutorial_pkg.encodings.builtin import Hybrid
+from tutorial_pkg.experiments.tasks import task_batch, train_task
 
 
 def test_task_batches_and_half_slope_hybrid():

@@ -40,10 +40,12 @@ module              chapter
 ==================  ==============================================================
 """
 
-from . import backends, diagnose, hf
-from .alibi import ALIBI_MODES, alibi_bias, alibi_score_mod, alibi_slopes
-from .attention import BACKENDS, KVCache, MultiHeadAttention, TransformerBlock, flex_available
-from .encodings import (
+from . import diagnose
+from .attention import backends
+from .attention.layer import BACKENDS, KVCache, MultiHeadAttention, TransformerBlock, flex_available
+from .attention.positions import positions_from_documents, positions_from_padding
+from .encodings.alibi import ALIBI_MODES, alibi_bias, alibi_score_mod, alibi_slopes
+from .encodings.builtin import (
     ALiBi,
     Hybrid,
     Learned,
@@ -53,16 +55,14 @@ from .encodings import (
     Rotary,
     Sinusoidal,
 )
-from .model import TinyLM
-from .positions import positions_from_documents, positions_from_padding
-from .registry import ENCODINGS, make_encoding, register_encoding
-from .relative_bias import (
+from .encodings.registry import ENCODINGS, make_encoding, register_encoding
+from .encodings.relative_bias import (
     T5_MAX_DISTANCE,
     T5_NUM_BUCKETS,
     T5RelativeBias,
     t5_relative_position_bucket,
 )
-from .rope import (
+from .encodings.rope import (
     LAYOUTS,
     RotaryEmbedding,
     apply_rope,
@@ -75,8 +75,8 @@ from .rope import (
     rope_angles,
     rotate_half,
 )
-from .rope_config import HF_ROPE_TYPES, RopeConfig, read_rope_config
-from .rope_scaling import (
+from .encodings.rope_config import HF_ROPE_TYPES, RopeConfig, read_rope_config
+from .encodings.rope_scaling import (
     ROPE_SCALINGS,
     dynamic_ntk_scaling,
     linear_scaling,
@@ -89,8 +89,14 @@ from .rope_scaling import (
     yarn_mscale,
     yarn_scaling,
 )
-from .schedules import LayerSchedule, LocalGlobal, NoPEEvery, PerLayer
-from .sinusoidal import SinusoidalPositionalEmbedding, sinusoidal_frequencies, sinusoidal_table
+from .encodings.schedules import LayerSchedule, LocalGlobal, NoPEEvery, PerLayer
+from .encodings.sinusoidal import (
+    SinusoidalPositionalEmbedding,
+    sinusoidal_frequencies,
+    sinusoidal_table,
+)
+from .models import hf
+from .models.tiny_lm import TinyLM
 
 
 def _version() -> str:
@@ -177,10 +183,11 @@ __all__ = [
     "PerLayer",
     "NoPEEvery",
     "LocalGlobal",
-    # the backends module (tutorial_pkg.backends)
+    # the backends module (tutorial_pkg.attention.backends)
     "backends",
     # the probes of chapter 9 (tutorial_pkg.diagnose.probe_rope, ...)
     "diagnose",
-    # the Hugging Face loader (tutorial_pkg.hf.from_hf_attention, tutorial_pkg.hf.padding_mask)
+    # the Hugging Face loader (tutorial_pkg.models.hf.from_hf_attention,
+    # tutorial_pkg.models.hf.padding_mask)
     "hf",
 ]

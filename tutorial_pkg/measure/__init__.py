@@ -1,0 +1,69 @@
+"""Timing, memory, records and side-by-side comparison. Chapter 5.
+
+``from tutorial_pkg import measure as bm`` gives all of it (the names of
+:mod:`~tutorial_pkg.measure.compare`, which re-exports its parts):
+
+* ``timing``: one function, timed honestly (warm-up, CUDA events, robust statistics).
+* ``memory``: peak and held memory of one call.
+* ``records``: :class:`~tutorial_pkg.measure.records.BenchRecord`, results files, tables.
+* ``compare``: :class:`~tutorial_pkg.measure.compare.Case` and
+  :func:`~tutorial_pkg.measure.compare.compare`, cases side by side with a limit reference.
+
+Needs nothing of the rest of the package.
+"""
+
+from .compare import (
+    MEMORY_HEADROOM,
+    MEMORY_RESERVE_BYTES,
+    SCHEMA_VERSION,
+    SDPA_KERNELS,
+    BenchRecord,
+    Case,
+    Footprint,
+    MemoryStat,
+    Results,
+    Timing,
+    Work,
+    attention_work,
+    available_memory,
+    compare,
+    fit_problem,
+    format_table,
+    hardware_info,
+    load_results,
+    peak_memory,
+    profiled,
+    resolve_device,
+    save_results,
+    sdpa_kernels,
+    text_table,
+    time_fn,
+)
+
+__all__ = [
+    "SDPA_KERNELS",
+    "Case",
+    "Work",
+    "attention_work",
+    "compare",
+    "sdpa_kernels",
+    "Timing",
+    "resolve_device",
+    "time_fn",
+    "MEMORY_HEADROOM",
+    "MEMORY_RESERVE_BYTES",
+    "Footprint",
+    "MemoryStat",
+    "available_memory",
+    "fit_problem",
+    "peak_memory",
+    "profiled",
+    "SCHEMA_VERSION",
+    "BenchRecord",
+    "Results",
+    "format_table",
+    "hardware_info",
+    "load_results",
+    "save_results",
+    "text_table",
+]

@@ -1,0 +1,8 @@
+"""Whole models: the book's tiny language model and the Hugging Face loader. Chapter 7, README.
+
+* ``tiny_lm``: :class:`~tutorial_pkg.models.tiny_lm.TinyLM`, the small decoder the
+  experiments train (chapter 7).
+* ``hf``: a Hugging Face attention module as the package's layer (``tp.hf``).
+
+Builds on :mod:`tutorial_pkg.attention` and :mod:`tutorial_pkg.encodings`.
+"""
