@@ -116,7 +116,7 @@ def attention_footprint(
         train: Forward and backward (``fwd+bwd``) instead of inference.
         device: Where it runs (the mask rules differ between CPU and GPU).
         key_bias: Whether ``auto`` takes its key row; default: asks
-            ``tutorial_pkg.attention.backends.key_bias_supported``.
+            ``tutorial_pkg.attention._probe.key_bias_supported``.
 
     Returns:
         The :class:`~tutorial_pkg.measure.memory.Footprint`, with its terms in ``parts``.

@@ -565,8 +565,10 @@ def test_default_positions_read_nothing_back_from_the_device(key, backend, monke
 
 @needs_flex
 def test_block_mask_cache_is_bounded(monkeypatch):
+    from tutorial_pkg.attention import _caches
+
     backends.clear_caches()
-    monkeypatch.setattr(backends, "MAX_BLOCK_MASKS", 3)
+    monkeypatch.setattr(_caches, "MAX_BLOCK_MASKS", 3)
     layer = MultiHeadAttention(D_MODEL, N_HEADS, ALiBi(N_HEADS), backend="flex",
                                compile_flex=False)
     with torch.no_grad():

@@ -8,6 +8,7 @@ import warnings
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 import tutorial_pkg as tp
 from tutorial_pkg import backends
@@ -72,6 +73,65 @@ def test_a_registered_backend_is_a_layer_choice(monkeypatch):
     layer = MultiHeadAttention(32, H, backend="mine")
     layer(torch.randn(1, 5, 32))
     assert seen == [True]
+
+
+def test_register_backend_adds_a_name_and_refuses_to_overwrite(monkeypatch):
+    monkeypatch.setattr(backends, "BACKENDS", dict(backends.BACKENDS))
+    seen = []
+
+    def mine(q, k, v, plan, encoding, *, dropout_p=0.0, compile=True):
+        seen.append(plan.s)
+        return backends.naive(q, k, v, plan, encoding, dropout_p=dropout_p)
+
+    assert backends.register_backend("mine", mine) is mine
+    from tutorial_pkg.attention import layer as layer_module
+
+    monkeypatch.setattr(layer_module, "BACKENDS", backends.BACKENDS)
+    MultiHeadAttention(32, H, backend="mine")(torch.randn(1, 5, 32))
+    assert seen == [5]
+    with pytest.raises(ValueError, match="'sdpa' is registered"):
+        backends.register_backend("sdpa", mine)
+    assert backends.register_backend("sdpa", mine, replace=True) is mine
+    with pytest.raises(TypeError, match="fn must be callable"):
+        backends.register_backend("x", 3)
+    with pytest.raises(TypeError, match="name must be"):
+        backends.register_backend("", mine)
+
+
+def test_the_module_exports_the_registry_and_the_four_backends():
+    assert sorted(backends.__all__) == ["BACKENDS", "auto", "flex", "naive", "register_backend",
+                                        "sdpa"]
+
+
+@pytest.mark.parametrize("name", ["sdpa", "auto"])
+def test_plain_causal_attention_goes_straight_to_is_causal(monkeypatch, name):
+    # no bias, no padding: the first SDPA call is the fused causal one, nothing else built
+    calls = []
+    real = F.scaled_dot_product_attention
+
+    def recording(q, k, v, attn_mask=None, is_causal=False, **kw):
+        calls.append((attn_mask, is_causal))
+        return real(q, k, v, attn_mask=attn_mask, is_causal=is_causal, **kw)
+
+    monkeypatch.setattr(backends.F, "scaled_dot_product_attention", recording)
+    monkeypatch.setattr(backends, "_plan_bias", lambda *a: pytest.fail("bias looked up"))
+    MultiHeadAttention(32, H, encoding=tp.make_encoding("rope", d_model=32, n_heads=H),
+                       backend=name)(torch.randn(1, 5, 32))
+    assert calls == [(None, True)]
+
+
+def test_return_weights_goes_through_the_registry(monkeypatch):
+    called = []
+    real = backends.BACKENDS["naive"]
+
+    def naive(*args, **kw):
+        called.append(kw.get("need_weights"))
+        return real(*args, **kw)
+
+    monkeypatch.setitem(backends.BACKENDS, "naive", naive)
+    _, weights = MultiHeadAttention(32, H, backend="sdpa")(torch.randn(1, 5, 32),
+                                                          return_weights=True)
+    assert called == [True] and weights.shape == (1, H, 5, 5)
 
 
 def test_an_unknown_backend_raises_naming_it():

@@ -3,10 +3,10 @@
 On a GPU, chapter 5 runs in float16: the float mask has q's dtype (so the cached table is
 cast per call, as on every device in 16 bits), and the fused GPU kernels may refuse a key row
 together with ``is_causal`` (so ``"auto"`` falls back to the cached table). That rule is
-``tutorial_pkg.attention.backends.KernelRules.key_bias``; here it is set the GPU's way on the CPU
-(``backends.assume_kernels``), the chapter's own memory
-cell (tagged ``gpu-rehearsal``) is run on suite records measured in float16 and bfloat16,
-and the half-precision paths are checked against the float64 oracle. The old cell
+``tutorial_pkg.attention._kernel_rules.KernelRules.key_bias``; here it is set the GPU's
+way on the CPU (``backends.assume_kernels``), the chapter's own memory cell (tagged
+``gpu-rehearsal``) is run on suite records measured in float16 and bfloat16, and the
+half-precision paths are checked against the float64 oracle. The old cell
 (``n_bias = H * L * L * 4`` and an unconditional "auto holds one row") fails this
 rehearsal; the test says so.
 """

@@ -56,7 +56,8 @@ def _package_imports(path: Path) -> set[str]:
                 mod = node.module.split(".")[1:]
             else:
                 continue
-            targets.append(".".join(mod))
+            if node.module:
+                targets.append(".".join(mod))
             targets += [".".join([*mod, a.name]) for a in node.names]  # from . import x
         elif isinstance(node, ast.Import):
             targets = [a.name.split(".", 1)[1] for a in node.names

@@ -50,7 +50,6 @@ from .._checks import (
 )
 from ..encodings.builtin import NoPE, PositionEncoding, check_learned_device
 from ..encodings.schedules import LayerSchedule
-from . import backends
 from .backends import BACKENDS, flex_available
 from .masks import AttentionPlan
 
@@ -362,8 +361,8 @@ class MultiHeadAttention(nn.Module):
                                       kv_cache)
         dropout = self.dropout if self.training else 0.0
         if return_weights:  # only the textbook form has weights
-            return backends.naive(q, k, v, plan, self.encoding, dropout_p=dropout,
-                                  need_weights=True)
+            return BACKENDS["naive"](q, k, v, plan, self.encoding, dropout_p=dropout,
+                                     need_weights=True)
         attend = BACKENDS[check_choice("backend", self.backend, BACKENDS)]
         return attend(q, k, v, plan, self.encoding, dropout_p=dropout,
                       compile=self.compile_flex), None

@@ -1,0 +1,121 @@
+"""FlexAttention's parts for the ``"flex"`` backend (private to ``attention``). Chapters 4, 5.
+
+Whether it can run (:func:`flex_available`, :func:`flex_blocker`), the function to call,
+compiled once per process (:func:`flex_kernel`), and the plan's rules as a block mask,
+cached (:func:`flex_block_mask`).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .._checks import fake_mode_active
+from ..encodings.builtin import PositionEncoding
+from . import _caches
+from ._caches import _block_masks, _compiled_flex, _overrides
+from ._kernel_rules import kernel_rules
+from .masks import AttentionPlan, offset_queries
+
+try:  # FlexAttention: torch >= 2.5
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+    _FLEX_IMPORT_ERROR = None
+except ImportError as _err:  # pragma: no cover - depends on the installed torch
+    flex_attention = create_block_mask = None
+    _FLEX_IMPORT_ERROR = str(_err)
+
+__all__ = ["FLEX_TILE", "flex_available", "flex_blocker", "flex_kernel", "flex_block_mask"]
+
+#: FlexAttention's tile (block) size; below it, CPU calls run eagerly (``backends.flex``).
+FLEX_TILE = 128
+
+
+def flex_available() -> tuple[bool, str]:
+    """Whether FlexAttention can be imported here, and why not if it cannot."""
+    if flex_attention is None:
+        return False, f"torch.nn.attention.flex_attention is unavailable ({_FLEX_IMPORT_ERROR})"
+    return True, ""
+
+
+def flex_blocker(q, k, v, plan: AttentionPlan, encoding: PositionEncoding, *,
+                 dropout_p: float) -> str:
+    """Why FlexAttention cannot run this call here (``""`` if it can)."""
+    ok, why = flex_available()
+    if not ok:
+        return why
+    rules = kernel_rules(q.device.type)
+    if not rules.flex:
+        return f"FlexAttention does not run on {q.device.type} tensors"
+    if plan.s == 1:
+        return "single-token decoding step (the cached bias row is cheaper)"
+    if encoding.has_bias and not _overrides(encoding, "score_mod"):
+        return f"{type(encoding).__name__} has a bias hook but no score_mod"
+    if dropout_p:
+        return "attention dropout is not supported by FlexAttention"
+    if not rules.flex_backward:
+        # torch refuses inputs that require grad there, whatever the grad mode
+        learnable = torch.is_grad_enabled() and any(
+            p.requires_grad for p in encoding.parameters()
+        )
+        if q.requires_grad or k.requires_grad or v.requires_grad or learnable:
+            return (f"FlexAttention has no {q.device.type.upper()} backward in this torch "
+                    f"(use torch.no_grad())")
+    return ""
+
+
+def flex_kernel(compiled: bool, dynamic: bool = False):
+    """The FlexAttention function :func:`flex` calls: ``flex_attention`` itself, or
+    compiled (once per process and ``dynamic``).
+
+    ``dynamic=True`` serves the common call (a whole causal sequence, no padding): one
+    compilation for every length. Other calls compile statically, once per shape (with
+    dynamic shapes torch 2.13's CPU template fails to build some of them).
+    """
+    if not compiled:
+        return flex_attention
+    fn = _compiled_flex.get(dynamic)
+    if fn is None:
+        fn = _compiled_flex[dynamic] = torch.compile(flex_attention, dynamic=dynamic)
+    return fn
+
+
+def _mark_block_mask_dynamic(block_mask) -> None:
+    # The block counts and indices grow with L / 128; unmarked, the first compile
+    # specialises on their sizes and the next block count recompiles once more.
+    for t in block_mask.as_tuple():
+        if isinstance(t, torch.Tensor):
+            for dim in range(2, t.dim()):
+                torch._dynamo.maybe_mark_dynamic(t, dim)
+
+
+def flex_block_mask(plan: AttentionPlan, *, batch: int = 1, device="cpu",
+                    mark_dynamic: bool = False):
+    """The plan's mask rules as a FlexAttention block mask (None: nothing is masked).
+
+    Tiles that no rule allows are skipped, not computed. Masks of padding or documents
+    (data) are built per call; the others are cached
+    (:data:`~tutorial_pkg.attention._caches.MAX_BLOCK_MASKS`).
+    ``mark_dynamic`` marks the mask's block axes dynamic for a dynamic-shape compile.
+    """
+    rule = plan.mask_rule(batch=batch)
+    if rule is None:
+        return None
+    mask_mod = offset_queries(rule, plan.start)  # Flex counts queries from 0
+    if plan.key_padding_mask is not None or plan.has_documents:  # data-dependent: per call
+        return create_block_mask(mask_mod, batch, None, plan.s, plan.k_len, device=device)
+    window = plan.window if plan.windowed else None
+    key = (plan.s, plan.k_len, plan.start, plan.causal, window, torch.device(device),
+           mark_dynamic)
+    fake = fake_mode_active()  # fake masks are neither stored nor served
+    block_mask = None if fake else _block_masks.get(key)
+    if block_mask is None:
+        block_mask = create_block_mask(mask_mod, None, None, plan.s, plan.k_len, device=device)
+        if mark_dynamic:
+            _mark_block_mask_dynamic(block_mask)
+        if fake:
+            return block_mask
+        _block_masks[key] = block_mask
+    _block_masks.move_to_end(key)
+    while len(_block_masks) > _caches.MAX_BLOCK_MASKS:
+        _block_masks.popitem(last=False)
+    return block_mask
