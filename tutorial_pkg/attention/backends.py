@@ -207,13 +207,9 @@ def auto_key_bias(q, k, plan: AttentionPlan, encoding: PositionEncoding, *, drop
 def sdpa_key_bias(q, k, v, plan: AttentionPlan, row: torch.Tensor):
     """SDPA's fused kernel with ``is_causal`` and a float key row (see :func:`auto_key_bias`)."""
     is_causal = plan.causal and plan.s > 1
-    mask = row.to(q.dtype)  # float32 or float64 (auto_key_bias): q's dtype, as documented
-    if plan.key_padding_mask is not None:
-        # padding depends on the key only, so the mask stays one row per head:
-        # (b, H, 1, L_k); finite, so a query with no key left stays NaN-free
-        pad = plan.key_padding_mask[:, None, None, :]
-        mask = torch.where(pad, torch.tensor(torch.finfo(q.dtype).min, dtype=q.dtype,
-                                             device=q.device), mask)
+    # the kernel applies causality; padding depends on the key only, so the mask stays
+    # one row per head, (1 or b, H, 1, L_k), in q's dtype (float32 or float64 here)
+    mask = additive_mask(plan, row, q.dtype, causal_applied=True)
     out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal,
                                          **_kernel_kwargs(q, k, plan))
     return _zero_empty_rows(out, plan.has_key())

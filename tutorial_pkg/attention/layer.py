@@ -249,7 +249,7 @@ class MultiHeadAttention(nn.Module):
         self.d_model, self.n_heads, self.n_kv_heads = d_model, n_heads, n_kv_heads
         self.head_dim = head_dim
         self.causal = bool(causal)
-        self.backend = check_choice("backend", backend, BACKENDS)
+        self.backend = backend  # checked by the property
         self.dropout = float(dropout)
         self.compile_flex = compile_flex
         self.window = None if window is None else check_positive_int("window", window)
@@ -351,8 +351,20 @@ class MultiHeadAttention(nn.Module):
                     f"{name} must have shape [b, heads, s, head_dim]={want[name]}, "
                     f"got {tuple(t.shape)}"
                 )
+        for name, t in (("k", k), ("v", v)):
+            check_device(name, t, q.device, fix="q, k and v must be on one device")
         return self._attend(q, k, v, positions, key_padding_mask, document_ids, kv_cache,
                             False)[0]
+
+    @property
+    def backend(self) -> str:
+        """The name of the backend in :data:`~tutorial_pkg.attention.backends.BACKENDS`
+        (checked when set)."""
+        return self._backend
+
+    @backend.setter
+    def backend(self, name: str) -> None:
+        self._backend = check_choice("backend", name, BACKENDS)
 
     # ----------------------------------------------------------------------------- the plan
     def _attend(self, q, k, v, positions, key_padding_mask, document_ids, kv_cache,
@@ -363,19 +375,18 @@ class MultiHeadAttention(nn.Module):
         if return_weights:  # only the textbook form has weights
             return BACKENDS["naive"](q, k, v, plan, self.encoding, dropout_p=dropout,
                                      need_weights=True)
-        attend = BACKENDS[check_choice("backend", self.backend, BACKENDS)]
+        attend = BACKENDS[self._backend]  # checked when set
         return attend(q, k, v, plan, self.encoding, dropout_p=dropout,
                       compile=self.compile_flex), None
 
     def _prepare(self, q, k, v, positions, key_padding_mask, document_ids, kv_cache):
-        # checks, q_norm / k_norm, rotation and the KV cache; the call as a plan
+        # checks of what forward and attend share (theirs are at their entry), q_norm /
+        # k_norm, rotation and the KV cache; the call as a plan
         if kv_cache is not None and not isinstance(kv_cache, KVCache):
             raise TypeError(f"kv_cache must be a KVCache or None, got {type(kv_cache).__name__}")
         b, _, s, _ = q.shape
         device = q.device
-        for name, t in (("k", k), ("v", v)):
-            check_device(name, t, device, fix="q, k and v must be on one device")
-        check_learned_device(self.encoding, device)
+        check_learned_device(self.encoding, device)  # a shared encoding may sit elsewhere
         start = kv_cache.length if kv_cache is not None else 0
         # default positions (start + arange): known without reading any tensor
         default = positions is None and (kv_cache is None or kv_cache.default_positions)

@@ -269,10 +269,13 @@ def additive_mask(plan: AttentionPlan, bias: torch.Tensor | None, dtype: torch.d
         dtype: the query's dtype, which the result always has: a kernel is never handed a
             float mask of another dtype (on some CPUs a float32 mask with float64 queries
             is silently misread).
-        causal_applied: ``bias`` already holds ``-inf`` at the future keys (a cached table).
+        causal_applied: causality is taken care of: ``bias`` already holds ``-inf`` at the
+            future keys (a cached table), or the kernel is called with ``is_causal``
+            (a key row).
 
     Returns:
-        ``[1 or b, 1 or H, s, L_k]`` of ``dtype``.
+        ``[1 or b, 1 or H, s or 1, L_k]`` of ``dtype``: a bias of one row per head
+        ``(.., 1, L_k)`` under no rule but padding stays one row.
     """
     device = plan.q_pos.device
     work = torch.promote_types(dtype, torch.float32)

@@ -110,10 +110,9 @@ class PositionEncoding(nn.Module):
     learned tensors are not (a copy would not be trained): on another device they raise
     ``ValueError`` naming both devices (:func:`check_learned_device`).
 
-    **Building by name.** :func:`~tutorial_pkg.encodings.registry.make_encoding` looks the name up
-    in
-    :data:`~tutorial_pkg.encodings.registry.ENCODINGS`
-    and calls :meth:`build` with the model's sizes; the default :meth:`build` passes
+    **Building by name.** :func:`~tutorial_pkg.encodings.registry.make_encoding` looks the
+    name up in :data:`~tutorial_pkg.encodings.registry.ENCODINGS` and calls :meth:`build`
+    with the model's sizes; the default :meth:`build` passes
     each size the constructor asks for by name (``d_model``, ``n_heads``,
     ``head_dim``, ``max_positions``), so a new encoding needs no code outside its class.
     """
@@ -208,16 +207,31 @@ class PositionEncoding(nn.Module):
         """What a table built from this encoding depends on: backends key their caches by it.
 
         The default covers every plain setting (``bool``, ``int``, ``float``, ``str``
-        attributes of the encoding and its submodules, such as ALiBi's mode) and every
-        tensor, by identity and in-place version, so a ``.to()``, a new buffer or an
-        in-place change of the slopes gives a new key and a stale table is never served.
+        attributes of the encoding and its submodules, such as ALiBi's mode; an encoding
+        reads its own again only after an attribute is set) and every tensor, by identity
+        and in-place version, so a ``.to()``, a new buffer or an in-place change of the
+        slopes gives a new key and a stale table is never served.
         Override it (returning a hashable tuple) when a table depends on anything else.
         """
-        settings = tuple(
-            (name, value) for module in self.modules() for name, value in vars(module).items()
-            if isinstance(value, (bool, int, float, str)) and name != "training"
-        )
+        settings = tuple(item for module in self.modules() for item in _settings(module))
         return settings + tuple(_tensor_token(t) for t in (*self.buffers(), *self.parameters()))
+
+    def __setattr__(self, name: str, value) -> None:
+        super().__setattr__(name, value)
+        self.__dict__["_settings_cache"] = None  # cache_key reads the settings again
+
+
+def _settings(module: nn.Module) -> tuple:
+    """The plain settings of one module (``bool``, ``int``, ``float``, ``str``), for
+    :meth:`PositionEncoding.cache_key`; kept by an encoding until an attribute is set."""
+    cached = module.__dict__.get("_settings_cache")
+    if cached is not None:
+        return cached
+    found = tuple((name, value) for name, value in vars(module).items()
+                  if isinstance(value, (bool, int, float, str)) and name != "training")
+    if isinstance(module, PositionEncoding):
+        module.__dict__["_settings_cache"] = found
+    return found
 
 
 def _tensor_token(t: torch.Tensor) -> tuple:
