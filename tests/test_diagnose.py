@@ -36,7 +36,8 @@ def mixed_rope(x):
 
 def meta_rope(x):
     """Meta's complex form, interleaved pairs."""
-    return tp.apply_rope_complex(x, tp.precompute_freqs_cis(x.shape[-1], x.shape[-2]))
+    rope = tp.encodings.rope
+    return rope.apply_rope_complex(x, rope.precompute_freqs_cis(x.shape[-1], x.shape[-2]))
 
 
 @pytest.mark.parametrize("layout", ["half", "interleaved"])
@@ -419,7 +420,7 @@ def test_compare_rope_names_layout_base_and_scaling():
 
 
 def test_compare_rope_names_a_dropped_or_doubled_attention_factor():
-    factor = tp.yarn_mscale(4.0)
+    factor = tp.encodings.rope_scaling.yarn_mscale(4.0)
     dropped = dg.compare_rope(_yarn(1.0), _yarn(), 16)
     assert len(dropped.problems) == 1 and "dropped" in dropped.problems[0]
     assert dropped.magnitude_ratio == pytest.approx(1 / factor, rel=1e-4)

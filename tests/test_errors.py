@@ -16,23 +16,25 @@ from tutorial_pkg import (
     MultiHeadAttention,
     Rotary,
     RotaryEmbedding,
-    SinusoidalPositionalEmbedding,
     TransformerBlock,
     alibi_bias,
-    alibi_score_mod,
     alibi_slopes,
     apply_rope,
-    apply_rope_complex,
     half_to_interleaved,
     interleaved_to_half,
-    interleaved_to_half_permutation,
     inv_freq,
     make_encoding,
-    precompute_freqs_cis,
-    rope_angles,
-    scaled_inv_freq,
     sinusoidal_table,
 )
+from tutorial_pkg.encodings.alibi import alibi_score_mod
+from tutorial_pkg.encodings.rope import (
+    apply_rope_complex,
+    interleaved_to_half_permutation,
+    precompute_freqs_cis,
+    rope_angles,
+)
+from tutorial_pkg.encodings.rope_scaling import scaled_inv_freq
+from tutorial_pkg.encodings.sinusoidal import SinusoidalPositionalEmbedding
 
 D, H = 16, 4
 X = torch.zeros(2, 5, D)

@@ -260,7 +260,8 @@ def test_deepseek_softmax_scale_from_yarn_mscale():
                                                         "mscale_all_dim": 0.707})
     attn = F.modeling(F.DEEPSEEK_V3).DeepseekV3Attention(config, layer_idx=0)
     rope = config.rope_parameters
-    want = tp.yarn_mscale(rope["factor"], rope["mscale_all_dim"]) ** 2 / math.sqrt(
+    mscale = tp.encodings.rope_scaling.yarn_mscale(rope["factor"], rope["mscale_all_dim"])
+    want = mscale**2 / math.sqrt(
         config.qk_nope_head_dim + config.qk_rope_head_dim)
     assert attn.scaling == pytest.approx(want, rel=1e-12)
     assert want != pytest.approx(config.qk_head_dim ** -0.5)  # the mscale matters here
@@ -406,7 +407,7 @@ def test_t5_bucket_matches_hf(bidirectional, num_buckets, max_distance):
     rel = torch.arange(-300, 301)[None, :] + torch.arange(0, 3)[:, None]
     theirs = t5.T5Attention._relative_position_bucket(
         rel, bidirectional=bidirectional, num_buckets=num_buckets, max_distance=max_distance)
-    ours = tp.t5_relative_position_bucket(rel, bidirectional=bidirectional,
+    ours = tp.encodings.relative_bias.t5_relative_position_bucket(rel, bidirectional=bidirectional,
                                           num_buckets=num_buckets, max_distance=max_distance)
     assert torch.equal(ours, theirs.long())
 
@@ -878,7 +879,7 @@ _LOADER_SDPA = {"falcon-alibi", "falcon-alibi-new_arch"}
 
 @pytest.mark.parametrize("padded", [False, True], ids=["causal", "left-padded"])
 @pytest.mark.parametrize("backend", [*BACKENDS, pytest.param("flex", marks=pytest.mark.skipif(
-    not tp.flex_available()[0], reason="FlexAttention unavailable"))])
+    not tp.backends.flex_available()[0], reason="FlexAttention unavailable"))])
 @pytest.mark.parametrize("name", list(LOADER_CASES))
 def test_loader_from_hf_attention(name, backend, padded, record_property):
     """tutorial_pkg.models.hf.from_hf_attention(module, config): the family's output, every backend

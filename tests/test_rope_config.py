@@ -16,8 +16,9 @@ import numpy as np
 import pytest
 import torch
 
-from tutorial_pkg import RopeConfig, RotaryEmbedding, read_rope_config, scaled_inv_freq
-from tutorial_pkg.encodings.rope_config import FAMILY_LAYOUTS
+from tutorial_pkg import RotaryEmbedding, read_rope_config
+from tutorial_pkg.encodings.rope_config import FAMILY_LAYOUTS, RopeConfig
+from tutorial_pkg.encodings.rope_scaling import scaled_inv_freq
 
 LLAMA31_8B = {
     "model_type": "llama", "hidden_size": 4096, "num_attention_heads": 32, "head_dim": 128,

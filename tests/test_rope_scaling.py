@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-from tutorial_pkg import RotaryEmbedding, inv_freq, scaled_inv_freq
+from tutorial_pkg import RotaryEmbedding, inv_freq
 from tutorial_pkg.encodings.rope_scaling import (
     ROPE_SCALINGS,
     depends_on_length,
@@ -20,6 +20,7 @@ from tutorial_pkg.encodings.rope_scaling import (
     llama3_scaling,
     longrope_scaling,
     p_rope_inv_freq,
+    scaled_inv_freq,
     seq_len_after,
     yarn_mscale,
     yarn_scaling,
@@ -379,7 +380,8 @@ def test_rotary_encoding_passes_p_rope():
 
 
 def test_p_rope_is_registered_by_name():
-    from tutorial_pkg import ENCODINGS, PRoPE, make_encoding
+    from tutorial_pkg import ENCODINGS, make_encoding
+    from tutorial_pkg.encodings.builtin import PRoPE
 
     assert ENCODINGS["p_rope"] is PRoPE
     enc = make_encoding("p_rope", d_model=64, n_heads=4)  # head_dim 16: 8 pairs, 6 rotate
