@@ -188,7 +188,7 @@ CASES = [
      lambda: apply_rope(rot_x(s=3), torch.ones(3, 4), torch.zeros(3, 2))),
     ("apply_rope_cos_too_wide", ValueError, "cos",
      lambda: apply_rope(rot_x(s=3), torch.ones(3, 8), torch.zeros(3, 8))),
-    ("apply_rope_complex_odd_dim", ValueError, "h_d",
+    ("apply_rope_complex_odd_dim", ValueError, "even d",
      lambda: apply_rope_complex(torch.zeros(1, 3, 5), precompute_freqs_cis(4, 3))),
     ("apply_rope_complex_short_table", ValueError, "freqs_cis",
      lambda: apply_rope_complex(torch.zeros(1, 5, 8), precompute_freqs_cis(8, 3))),

@@ -187,7 +187,7 @@ def test_default_rope_gives_the_same_bits_on_every_path():
             want = three_kernel(x, cos[:n], sin[:n])
             assert torch.equal(fast_rope(cos[:n], sin[:n], "half", x)[0], want)
             assert torch.equal(rot.rotate(x), want)
-        # a broadcast [1, 1, s, h_d/2] table (attention's positions [1, s]), q and k at once
+        # a broadcast [1, 1, s, d/2] table (attention's positions [1, s]), q and k at once
         for got in fast_rope(cos[None, None], sin[None, None], "half", big, big[:1]):
             assert torch.equal(got, three_kernel(big[: len(got)], cos, sin))
     x = big.clone().requires_grad_(True)

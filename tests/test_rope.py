@@ -570,7 +570,7 @@ def _hf_tables(s: int, r: int, base: float = 10_000.0):
 @pytest.mark.parametrize("r", [4, 8, 12, 16])
 def test_apply_rope_refuses_hf_duplicated_tables(r):
     """HF's duplicated-halves tables are refused, saying how to pass them (by value where
-    they fit the shape check, by shape where they cover more than h_d features); their
+    they fit the shape check, by shape where they cover more than d features); their
     first half is the package's form and rotates as rotate_half does."""
     x = torch.randn(2, 3, 10, 16)
     cos, sin, ang = _hf_tables(10, r)

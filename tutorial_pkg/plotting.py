@@ -80,7 +80,7 @@ def head_heatmaps(
     vmin=None,
     vmax=None,
 ):
-    """One heatmap per head from a ``(H, L_q, L_k)`` tensor (biases or attention weights).
+    """One heatmap per head from a ``(H, s, L_k)`` tensor (biases or attention weights).
 
     Heads are titled ``head 1`` .. ``head H`` (the book numbers heads from 1) unless
     ``titles`` is given. ``colorbar`` labels one colour bar per panel; ``vmin``/``vmax``

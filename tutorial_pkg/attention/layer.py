@@ -65,7 +65,7 @@ class KVCache:
     """Keys and values of the tokens seen so far, for one attention layer.
 
     Keys are stored *after* rotation, so RoPE is applied once per token. Tensors
-    are ``[b, n_kv, t, h_d]``; ``positions`` is int64 ``[1 or b, t]`` and
+    are ``[b, H_kv, t, d]``; ``positions`` is int64 ``[1 or b, t]`` and
     ``document_ids`` (when packing) ``[1 or b, t]``.
     """
 
@@ -85,7 +85,7 @@ class KVCache:
         """Append new keys/values; return all keys, values, key positions and documents.
 
         Args:
-            k, v: ``[b, n_kv, s, h_d]`` new keys (rotated) and values.
+            k, v: ``[b, H_kv, s, d]`` new keys (rotated) and values.
             positions: ``(s,)`` or ``[1 or b, s]`` positions of the new tokens.
             document_ids: optional ``[1 or b, s]`` document ids of the new tokens.
 

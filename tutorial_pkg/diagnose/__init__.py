@@ -32,8 +32,8 @@ The RoPE probes live in ``tutorial_pkg/diagnose/rope_probes.py``, the KV-cache c
 adapters in ``tutorial_pkg/diagnose/kv_cache_check.py``; this module holds the others and
 gathers all of them under one name, ``tutorial_pkg.diagnose``.
 
-Tensors follow the package's layout: queries and keys ``[b, n_h, s, h_d]``
-(``axes="bshd"`` for ``[b, s, n_h, h_d]``), model inputs ``[b, s]`` token ids or
+Tensors follow the package's layout: queries and keys ``[b, H, s, d]``
+(``axes="bshd"`` for ``[b, s, H, d]``), model inputs ``[b, s]`` token ids or
 ``[b, s, d]`` features, outputs ``[b, s, ...]``.
 """
 

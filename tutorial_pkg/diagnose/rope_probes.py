@@ -10,8 +10,8 @@
   (the model's own implementation, or one built from its config), and what differs:
   the rotated slice, the layout, the frequencies, the attention factor.
 
-Both take any callable ``rope(x) -> rotated x`` on ``[b, n_h, s, h_d]`` (``axes="bshd"``
-for ``[b, s, n_h, h_d]``) with token ``t`` at position ``t``. Both are re-exported by
+Both take any callable ``rope(x) -> rotated x`` on ``[b, H, s, d]`` (``axes="bshd"``
+for ``[b, s, H, d]``) with token ``t`` at position ``t``. Both are re-exported by
 :mod:`tutorial_pkg.diagnose`.
 """
 
@@ -126,10 +126,10 @@ def probe_rope(
 ) -> RopeReport:
     """Measure what a RoPE function does, from its outputs alone.
 
-    ``rope(x)`` must rotate ``x`` (``[b, n_h, s, h_d]``, or ``[b, s, n_h, h_d]`` with
+    ``rope(x)`` must rotate ``x`` (``[b, H, s, d]``, or ``[b, s, H, d]`` with
     ``axes="bshd"``) with token ``t`` at position ``t`` and return a tensor of the same
     shape (or a tuple whose first item is one: wrap a ``(q, k)`` function as
-    ``lambda x: f(x, x)[0]``). It is called on unit vectors ``e_i`` (batch ``h_d``)
+    ``lambda x: f(x, x)[0]``). It is called on unit vectors ``e_i`` (batch ``d``)
     and on random vectors (batch 8): the image of ``e_i`` at position ``m`` tells
     which feature ``i`` is paired with and by which angle it turns. Where position 0
     maps the features to a permutation of themselves (DeepSeek-V3's
@@ -140,7 +140,7 @@ def probe_rope(
 
     Args:
         rope: the function to probe.
-        head_dim: ``h_d``, features per head.
+        head_dim: ``d``, features per head.
         axes: ``"bhsd"`` or ``"bshd"``.
         n_heads: heads of the probe tensors (if your function needs a fixed count).
         seq_len: positions probed (at least 3).

@@ -93,19 +93,19 @@ def _positions(name: str, positions, device) -> torch.Tensor:
 
 
 def alibi_bias(slopes, q_pos, k_pos=None, *, mode: str = "causal") -> torch.Tensor:
-    """The ALiBi bias ``(H, L_q, L_k)`` in float32 (``(H, 1, L_k)`` for ``key_only``).
+    """The ALiBi bias ``(H, s, L_k)`` in float32 (``(H, 1, L_k)`` for ``key_only``).
 
     Args:
         slopes: ``(H,)`` slopes, or an int head count for :func:`alibi_slopes`.
-        q_pos: query positions: an int ``L_q``, an integer tensor ``(L_q,)``, or
-            ``[b, L_q]`` (one row per sequence; the result is then ``(b, H, L_q, L_k)``).
+        q_pos: query positions: an int ``s``, an integer tensor ``(s,)``, or
+            ``[b, s]`` (one row per sequence; the result is then ``(b, H, s, L_k)``).
             When decoding with a cache, the new query sits at position
             ``cache_length`` (the query offset).
         k_pos: key positions, like ``q_pos``; default ``q_pos``.
         mode: ``"causal"``, ``"key_only"`` or ``"symmetric"`` (see module docs).
 
     Returns:
-        float32 tensor ``(H, L_q, L_k)``, or ``(b, H, L_q, L_k)`` for ``[b, L]``
+        float32 tensor ``(H, s, L_k)``, or ``(b, H, s, L_k)`` for ``[b, L]``
         positions (float64 for float64 slopes); no mask is applied (attention masks).
 
     Example:
@@ -140,7 +140,7 @@ def _alibi_bias(slopes: torch.Tensor, q: torch.Tensor, k: torch.Tensor, mode: st
     distance = (q[..., :, None] - k[..., None, :]).to(m.dtype)  # i - j, exact up to 2**24
     if mode == "symmetric":
         distance = distance.abs()
-    # (H, L_q, L_k) or (b, H, L_q, L_k); + 0.0 turns -0.0 (the diagonal) into 0.0
+    # (H, s, L_k) or (b, H, s, L_k); + 0.0 turns -0.0 (the diagonal) into 0.0
     return -m * distance[..., None, :, :] + 0.0
 
 
@@ -164,7 +164,7 @@ def alibi_score_mod(
             device of ``q_pos`` when positions are given, else used where they are).
         mode: ``"causal"``/``"key_only"``/``"symmetric"``.
         q_offset: position of query index 0 (the KV-cache length when decoding).
-        q_pos: optional int64 ``[b, L_q]`` query positions (one row per batch entry).
+        q_pos: optional int64 ``[b, s]`` query positions (one row per batch entry).
         k_pos: optional int64 ``[b, L_k]`` key positions; given together with ``q_pos``.
 
     Returns:

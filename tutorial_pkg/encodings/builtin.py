@@ -9,7 +9,7 @@ hook                                       used by                     returns
 =========================================  ==========================  =========================
 ``embed(x, positions)``                    sinusoidal, learned         ``x`` plus positions
 ``rotate(q, k, q_pos, k_pos)``             RoPE, hybrid                rotated ``q, k``
-``bias(q_pos, k_pos)``                     ALiBi, hybrid, T5           fp32 ``(H, L_q, L_k)``
+``bias(q_pos, k_pos)``                     ALiBi, hybrid, T5           fp32 ``(H, s, L_k)``
 ``score_mod(q_offset, q_pos, k_pos)``      ALiBi, hybrid, T5 (Flex)    a Flex ``score_mod``
 ``key_bias(k_pos)``                        ALiBi, hybrid (fast path)   fp32 ``(H, 1, L_k)``
 =========================================  ==========================  =========================
@@ -19,7 +19,7 @@ encoding does not act there; attention then skips that step. ``score_mod`` and
 ``key_bias`` are other forms of ``bias``: the first for FlexAttention (the bias is never
 built), the fifth hook for speed: when the bias equals a per-key row *up to a
 constant per query*, softmax cannot tell them apart (``softmax(s + c) = softmax(s)``),
-so attention may add the row ``(H, 1, L_k)`` instead of the ``(H, L_q, L_k)`` matrix.
+so attention may add the row ``(H, 1, L_k)`` instead of the ``(H, s, L_k)`` matrix.
 Causal ALiBi is such a bias: ``-m (i - j) = m j - m i``.
 
 **Parts and composites.** RoPE's options are those of
@@ -164,13 +164,13 @@ class PositionEncoding(nn.Module):
     def rotate(
         self, q: torch.Tensor, k: torch.Tensor, q_pos: torch.Tensor, k_pos: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Rotate ``q`` ``[b, n_h, s_q, h_d]`` and ``k`` ``[b, n_kv, s_k, h_d]``; identity."""
+        """Rotate ``q`` ``[b, H, s, d]`` and ``k`` ``[b, H_kv, L_k, d]``; identity."""
         return q, k
 
     def bias(self, q_pos: torch.Tensor, k_pos: torch.Tensor) -> torch.Tensor | None:
         """Additive float32 score bias, or ``None``.
 
-        ``(H, L_q, L_k)`` for positions ``(L,)``; ``(b, H, L_q, L_k)`` for ``[b, L]``.
+        ``(H, s, L_k)`` for positions ``(L,)``; ``(b, H, s, L_k)`` for ``[b, L]``.
         """
         return None
 

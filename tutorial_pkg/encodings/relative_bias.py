@@ -179,7 +179,7 @@ class T5RelativeBias(PositionEncoding):
 
     def bias(self, q_pos, k_pos):
         check_learned_device(self, k_pos.device)
-        out = self.table()[:, self._index(q_pos, k_pos)]  # (H, [b,] L_q, L_k)
+        out = self.table()[:, self._index(q_pos, k_pos)]  # (H, [b,] s, L_k)
         return out.movedim(0, 1) if out.dim() == 4 else out
 
     def score_mod(self, q_offset=0, q_pos=None, k_pos=None):

@@ -19,7 +19,7 @@ weights from one to the other (what Hugging Face's Llama conversion script does)
 Angles are always computed in float32 (or float64 on request); only the final
 ``cos``/``sin`` values are cast to the dtype of q/k.
 
-Shapes: q and k are ``[b, n_h, s, h_d]`` (the layout of
+Shapes: q and k are ``[b, H, s, d]`` (the layout of
 ``torch.nn.functional.scaled_dot_product_attention``).
 
 Where things live: the scaling rules and
@@ -92,10 +92,10 @@ def rope_angles(positions, inv_freq: torch.Tensor) -> torch.Tensor:
 
     Args:
         positions: int length or integer tensor ``(s,)``.
-        inv_freq: ``(h_d / 2,)`` frequencies.
+        inv_freq: ``(d / 2,)`` frequencies.
 
     Returns:
-        ``(s, h_d / 2)`` angles in float32 (float64 if ``inv_freq`` is float64).
+        ``(s, d / 2)`` angles in float32 (float64 if ``inv_freq`` is float64).
     """
     if not isinstance(inv_freq, torch.Tensor) or not inv_freq.is_floating_point() or (
         inv_freq.dim() != 1
@@ -122,7 +122,7 @@ def apply_rope(
 ) -> torch.Tensor:
     """Rotate feature pairs of ``x`` by the angles whose ``cos``/``sin`` are given.
 
-    Partial rotary: when ``cos`` has ``r/2`` columns with ``r < h_d``, only the
+    Partial rotary: when ``cos`` has ``r/2`` columns with ``r < d``, only the
     first ``r`` features are rotated and the rest pass through (GPT-NeoX style).
 
     **One column per pair, not Hugging Face's tables.** ``cos``/``sin`` hold one angle
@@ -130,12 +130,12 @@ def apply_rope(
     Hugging Face's are ``[b, s, r]`` with the halves duplicated (``cat(freqs, freqs)``):
     pass their first half, ``cos[..., : r // 2]`` and ``sin[..., : r // 2]`` (``[:, None]``
     for the head axis), with ``layout="half"``. HF's form raises ``ValueError``: by
-    shape where it covers more than ``h_d`` features, and by value (both halves equal,
+    shape where it covers more than ``d`` features, and by value (both halves equal,
     some angle not 0) where reading the tables is free (a CPU tensor, outside
     compilation; on a GPU only the shape check runs).
 
     Args:
-        x: ``[..., s, h_d]`` queries or keys (e.g. ``[b, n_h, s, h_d]``).
+        x: ``[..., s, d]`` queries or keys (e.g. ``[b, H, s, d]``).
         cos: ``[s, r/2]`` (or broadcastable, e.g. ``[b, 1, s, r/2]``), float32.
         sin: same shape as ``cos``.
         layout: ``"half"`` (pairs ``i, i + r/2``) or ``"interleaved"`` (``2i, 2i+1``).
@@ -229,22 +229,22 @@ def apply_rope_complex(x: torch.Tensor, freqs_cis: torch.Tensor) -> torch.Tensor
     """RoPE in the complex form (interleaved layout), as in Meta's ``apply_rotary_emb``.
 
     Args:
-        x: ``[..., s, h_d]`` real tensor; pairs ``(x[2i], x[2i+1])`` are complex numbers.
-        freqs_cis: complex ``(s, h_d/2)`` from :func:`precompute_freqs_cis`.
+        x: ``[..., s, d]`` real tensor; pairs ``(x[2i], x[2i+1])`` are complex numbers.
+        freqs_cis: complex ``(s, d/2)`` from :func:`precompute_freqs_cis`.
 
     Returns:
         Tensor of ``x``'s shape and dtype.
     """
     check_float_tensor("x", x)
     if x.dim() < 2 or x.shape[-1] % 2:
-        raise ValueError(f"x must be [..., s, h_d] with an even h_d (pairs are complex numbers), "
+        raise ValueError(f"x must be [..., s, d] with an even d (pairs are complex numbers), "
                          f"got shape {tuple(x.shape)}")
     if not isinstance(freqs_cis, torch.Tensor) or not freqs_cis.is_complex():
-        raise TypeError("freqs_cis must be a complex tensor (s, h_d/2) from "
+        raise TypeError("freqs_cis must be a complex tensor (s, d/2) from "
                         "precompute_freqs_cis")
     if tuple(freqs_cis.shape[-2:]) != (x.shape[-2], x.shape[-1] // 2):
         raise ValueError(
-            f"freqs_cis must have shape (s, h_d/2)=({x.shape[-2]}, {x.shape[-1] // 2}), got "
+            f"freqs_cis must have shape (s, d/2)=({x.shape[-2]}, {x.shape[-1] // 2}), got "
             f"{tuple(freqs_cis.shape)} (slice the table: freqs_cis[start:start + s])"
         )
     xc = torch.view_as_complex(x.float().reshape(*x.shape[:-1], -1, 2))
@@ -296,7 +296,7 @@ def interleaved_to_half(w: torch.Tensor, n_heads: int, rotary_dim: int | None = 
     computes exactly the scores the Meta model computed.
 
     Args:
-        w: ``(n_heads * h_d, in)`` weight (or ``(n_heads * h_d,)`` bias) of q or k.
+        w: ``(H * d, in)`` weight (or ``(H * d,)`` bias) of q or k.
         n_heads: heads of that projection (``n_kv_heads`` for k under GQA).
         rotary_dim: rotated features per head (default: all).
 
@@ -322,7 +322,7 @@ def _check_start(start) -> int:
 
 # --------------------------------------------------------------------------- module
 class RotaryEmbedding(nn.Module):
-    """RoPE for ``[b, n_h, s, h_d]`` queries and keys, with a cos/sin cache.
+    """RoPE for ``[b, H, s, d]`` queries and keys, with a cos/sin cache.
 
     The cache holds ``cos``/``sin`` of the fp32 angles for positions ``0..N-1`` and
     grows (doubling) when a larger position arrives; it is a non-persistent buffer,
@@ -330,7 +330,7 @@ class RotaryEmbedding(nn.Module):
     module (``.half()``) recomputes the frequencies in float32.
 
     Args:
-        head_dim: features per head ``h_d`` (even).
+        head_dim: features per head ``d`` (even).
         base: RoPE base ("theta").
         rotary_dim: features rotated per head (even, <= ``head_dim``); default all.
             The rest pass through (partial rotary, GPT-NeoX style).
@@ -533,7 +533,7 @@ class RotaryEmbedding(nn.Module):
             positions = positions.long().to(x.device)
         elif x.dim() != 4:
             raise ValueError(
-                f"positions [b, s] need {name} as [b, n_h, s, h_d], got shape {tuple(x.shape)}"
+                f"positions [b, s] need {name} as [b, H, s, d], got shape {tuple(x.shape)}"
                 f" (pass positions as (s,) for other shapes)"
             )
         else:  # one row per sequence, broadcast over heads
@@ -573,7 +573,7 @@ class RotaryEmbedding(nn.Module):
     def rotate(
         self, x: torch.Tensor, positions=None, *, start: int = 0, check_positions: bool = True
     ) -> torch.Tensor:
-        """Apply RoPE to ``x`` ``[b, n_h, s, h_d]`` (or ``[..., s, h_d]``).
+        """Apply RoPE to ``x`` ``[b, H, s, d]`` (or ``[..., s, d]``).
 
         Args:
             x: queries or keys, floating point, last axis ``head_dim``.

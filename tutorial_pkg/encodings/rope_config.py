@@ -119,7 +119,7 @@ class RopeConfig:
     """The RoPE settings read from a model config: the arguments of RotaryEmbedding.
 
     Attributes:
-        head_dim: features per head ``h_d`` (``qk_rope_head_dim`` for DeepSeek's
+        head_dim: features per head ``d`` (``qk_rope_head_dim`` for DeepSeek's
             decoupled RoPE).
         base: RoPE base (``rope_theta``).
         rotary_dim: features rotated per head, ``int(head_dim * partial_rotary_factor)``.

@@ -15,16 +15,16 @@ check nothing themselves:
   whether or not it runs block by block. **16-bit** ``x`` (bfloat16, float16) is
   rotated in float32 with float32 tables (each block upcast, ``x * [cos, cos] +
   [x2, x1] * [-sin, sin]`` in float32, one rounding to ``x``'s dtype at the end): the
-  exact rotation rounded once, up to float32 error, where rounding the tables and the
-  two partial results to 16 bits (before issue 25) gave up to about 2 ulps.
+  exact rotation rounded once, up to float32 error (rounding the tables and the two
+  partial results to 16 bits instead gives up to about 2 ulps).
 * :func:`fused_rope`, opt-in (``RotaryEmbedding(fused=True)``): one
   ``torch.compile``-d kernel for the half layout, each element computed in float32
   and rounded once (so not always the same bits as :func:`fast_rope` in 16-bit dtypes).
   Where compiling fails (no C++ compiler, unsupported platform) it warns once and
   returns ``None``; the caller falls back to :func:`fast_rope`.
 
-Shapes: ``x`` is ``[..., s, h_d]``; ``cos``/``sin`` are ``[s, h_d/2]`` or broadcastable
-(e.g. ``[b, 1, s, h_d/2]``), any floating dtype (they are cast to ``x``'s).
+Shapes: ``x`` is ``[..., s, d]``; ``cos``/``sin`` are ``[s, d/2]`` or broadcastable
+(e.g. ``[b, 1, s, d/2]``), any floating dtype (they are cast to ``x``'s).
 """
 
 from __future__ import annotations
@@ -47,10 +47,10 @@ def fast_rope(cos: torch.Tensor, sin: torch.Tensor, layout: str,
     rounding.
 
     Args:
-        cos: ``[s, h_d/2]`` (or broadcastable to ``x[..., : h_d/2]``).
+        cos: ``[s, d/2]`` (or broadcastable to ``x[..., : d/2]``).
         sin: same shape as ``cos``.
         layout: ``"half"`` or ``"interleaved"`` (not checked).
-        xs: ``x`` or ``q, k``: ``[..., s, h_d]`` floating tensors of one dtype and device.
+        xs: ``x`` or ``q, k``: ``[..., s, d]`` floating tensors of one dtype and device.
             The tables are cast (and, block by block, laid out) once for all of them.
 
     Returns:
@@ -61,7 +61,7 @@ def fast_rope(cos: torch.Tensor, sin: torch.Tensor, layout: str,
     # 16-bit x is computed in float32 (tables too) and rounded once at the end
     c, s = (t.to(_compute_dtype(dtype)) for t in (cos, sin))
     half = c.shape[-1]
-    blocks: dict = {}  # (s, h_d) -> the tables cut into blocks, shared by q and k
+    blocks: dict = {}  # (s, d) -> the tables cut into blocks, shared by q and k
     out = []
     for x in xs:
         if layout != "half":
@@ -116,7 +116,7 @@ def _rope_interleaved(x: torch.Tensor, c: torch.Tensor, s: torch.Tensor) -> torc
 
 
 def _blockable(x: torch.Tensor, c: torch.Tensor) -> bool:
-    """Whether the blocked form applies: a large contiguous CPU ``x``, one ``[s, h_d/2]``
+    """Whether the blocked form applies: a large contiguous CPU ``x``, one ``[s, d/2]``
     table (leading axes of size 1) for every leading index, and no autograd (``out=``
     records none)."""
     return (
@@ -134,7 +134,7 @@ def _blockable(x: torch.Tensor, c: torch.Tensor) -> bool:
 def _block_tables(x: torch.Tensor, c: torch.Tensor, s: torch.Tensor):
     """``(per_slice, step, cos blocks, sin blocks)`` for :func:`_rope_half_blocked`.
 
-    A block is ``per_slice`` whole ``[s, h_d]`` slices of ``x``, or ``step`` positions
+    A block is ``per_slice`` whole ``[s, d]`` slices of ``x``, or ``step`` positions
     of one slice, about :data:`BLOCK_BYTES` of ``x``. Per block the tables are ``[cos,
     cos]`` and, for 16-bit ``x`` (tables in float32), ``[-sin, sin]`` (one ``addcmul_``
     over whole rows), else ``sin``.
@@ -200,7 +200,7 @@ def _rope_half_blocked(x: torch.Tensor, per_slice: int, step: int, cos_blocks,
 def _rope_half_body(x: torch.Tensor, cs: torch.Tensor) -> torch.Tensor:
     """The rotation ``torch.compile`` fuses into one kernel (half layout).
 
-    ``cs`` is ``[s, 2, h_d/2]``: ``cos`` and ``sin`` stacked in ``x``'s dtype (one
+    ``cs`` is ``[s, 2, d/2]``: ``cos`` and ``sin`` stacked in ``x``'s dtype (one
     table: one stream of loads per row).
     """
     half = cs.shape[-1]
@@ -233,8 +233,8 @@ def fused_rope(cs: torch.Tensor, *xs: torch.Tensor) -> tuple[torch.Tensor, ...] 
     """Rotate one or two tensors (half layout, full rotary) with one compiled kernel.
 
     Args:
-        cs: ``[..., s, 2, h_d/2]``: ``cos`` and ``sin`` stacked, in the dtype of ``xs``.
-        xs: ``x`` or ``q, k``, each ``[..., s, h_d]``, one dtype and device.
+        cs: ``[..., s, 2, d/2]``: ``cos`` and ``sin`` stacked, in the dtype of ``xs``.
+        xs: ``x`` or ``q, k``, each ``[..., s, d]``, one dtype and device.
 
     Returns:
         The rotated tensors (a tuple of ``len(xs)``), or ``None`` (with a
