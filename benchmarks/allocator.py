@@ -8,7 +8,7 @@ arithmetic and memory traffic. :func:`keep_freed_memory` asks glibc to keep such
 faults both ways.
 
 This is a setting of the process that measures, not of the measuring library
-(:mod:`tutorial_pkg.measure.compare`): it changes the whole process for the rest of its life.
+(:mod:`tutorial_pkg.measure.cases`): it changes the whole process for the rest of its life.
 """
 
 from __future__ import annotations

@@ -72,7 +72,7 @@ from tutorial_pkg.experiments.training import (
     evaluation_blocks,
     train,
 )
-from tutorial_pkg.measure.compare import hardware_info
+from tutorial_pkg.measure.cases import hardware_info
 
 #: Chapter 7's variants: label -> (encoding name, encoding kwargs). ``sinusoidal_scaled``
 #: scales the table to the RMS of the token embeddings at initialisation (std 0.02; the

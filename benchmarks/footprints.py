@@ -3,7 +3,7 @@
 :func:`attention_footprint`, :func:`rope_footprint` and :func:`lm_footprint` follow what
 each path allocates (``tutorial_pkg.attention.backends``, ``benchmarks/articles.py``) and return a
 :class:`tutorial_pkg.measure.memory.Footprint`; ``suite.py`` gives each case its footprint, so
-that :func:`tutorial_pkg.measure.compare.compare` skips a case that would not fit, with the
+that :func:`tutorial_pkg.measure.cases.compare` skips a case that would not fit, with the
 reason, before its first call. ``tests/test_benchmark.py`` holds them to measured CPU
 memory, ``gpu_check.py`` to a GPU's.
 """

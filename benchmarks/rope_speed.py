@@ -15,7 +15,7 @@ with one thread, inference (no autograd):
   function on Hugging Face's ``[1, s, h_d]`` tables in q's dtype (built once, outside the
   timing, as its model does once per forward pass), when transformers is installed.
 
-The results file (``--out``) holds the records (:func:`tutorial_pkg.measure.compare.save_results`:
+The results file (``--out``) holds the records (:func:`tutorial_pkg.measure.cases.save_results`:
 hardware, load average at start and end, glibc's setting) and a ``summary``: per dtype and
 case the ratio to the copy (the median over rounds of the paired per-round ratio) with the
 range over rounds.

@@ -11,7 +11,7 @@ Usage (from the repository root)::
 The suite (:func:`default_suite`) measures attention per encoding x backend x length x
 pass (:func:`attention_suite`), RoPE applied to q and k (:func:`rope_suite`) and a
 training step of the tiny LM (:func:`lm_suite`), every case next to its limit reference
-with :func:`tutorial_pkg.measure.compare.compare`. The command line prints one table per group,
+with :func:`tutorial_pkg.measure.cases.compare`. The command line prints one table per group,
 writes the JSON results file (``--out``), reads it back and prints one line per
 performance target with the ratio it reached. Every case carries its expected memory
 (:func:`attention_footprint`, :func:`rope_footprint`, :func:`lm_footprint`) and frees what it
@@ -22,7 +22,7 @@ two cases measured side by side in the same run (interleaved rounds, medians), n
 from different runs. The exit status is 0 whatever the targets say: timings are evidence to
 read, not a test. ``--suite module:function`` runs any other suite with the same signature.
 
-The measuring library is the package's :mod:`tutorial_pkg.measure.compare`; this folder holds
+The measuring library is the package's :mod:`tutorial_pkg.measure.cases`; this folder holds
 what uses it and what no model should import: the cases' expected memory
 (``footprints.py``), the targets (``targets.py``), the allocator setting of the command line
 (``allocator.py``) and the articles' code (``articles.py``).
@@ -57,7 +57,7 @@ from benchmarks.footprints import (  # noqa: E402
 )
 from benchmarks.targets import check_targets, format_targets, one_off_costs  # noqa: E402
 from tutorial_pkg import measure as bm  # noqa: E402
-from tutorial_pkg.measure.compare import Case  # noqa: E402
+from tutorial_pkg.measure.cases import Case  # noqa: E402
 
 #: Name of the attention groups' reference case in the book's results files:
 #: ``scaled_dot_product_attention(is_causal=True)`` with no encoding.
@@ -177,7 +177,7 @@ class Lazy:
 
     What a case holds (the articles' buffer, a 3-D mask) is built by its first call, so
     that it exists only while that case is measured, not from the moment the group is
-    built; :meth:`release` is the case's :attr:`~tutorial_pkg.measure.compare.Case.release`.
+    built; :meth:`release` is the case's :attr:`~tutorial_pkg.measure.cases.Case.release`.
     """
 
     def __init__(self, build: Callable[[], Any]) -> None:
@@ -288,8 +288,8 @@ def attention_suite(args: argparse.Namespace) -> Iterator[SuiteEntry]:
     moved to the device with its layer, so each record's ``held_bytes`` is that
     path's own cache. What a case holds (the backends' tables of its encoding, the
     articles' buffer, the 3-D mask) is built by its first call and freed by its
-    :attr:`~tutorial_pkg.measure.compare.Case.release` once it is measured, and each case
-    carries its :func:`attention_footprint`, so that :func:`~tutorial_pkg.measure.compare.compare`
+    :attr:`~tutorial_pkg.measure.cases.Case.release` once it is measured, and each case
+    carries its :func:`attention_footprint`, so that :func:`~tutorial_pkg.measure.cases.compare`
     skips, with the reason, what would not fit in the device's memory.
 
     Args:

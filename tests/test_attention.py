@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from tutorial_pkg import backends
+from tutorial_pkg.attention import _caches, _flex
 from tutorial_pkg.attention.layer import KVCache, MultiHeadAttention, TransformerBlock
 from tutorial_pkg.encodings.builtin import ALiBi, Hybrid
 from tutorial_pkg.encodings.registry import make_encoding
@@ -565,8 +566,6 @@ def test_default_positions_read_nothing_back_from_the_device(key, backend, monke
 
 @needs_flex
 def test_block_mask_cache_is_bounded(monkeypatch):
-    from tutorial_pkg.attention import _caches
-
     backends.clear_caches()
     monkeypatch.setattr(_caches, "MAX_BLOCK_MASKS", 3)
     layer = MultiHeadAttention(D_MODEL, N_HEADS, ALiBi(N_HEADS), backend="flex",
@@ -596,7 +595,7 @@ def test_flex_compiles_dynamic_shapes_only_for_default_positions(monkeypatch):
 
     def recording(compiled, dynamic=False):
         calls.append((compiled, dynamic))
-        return backends.flex_attention  # run eagerly here: only the choice is tested
+        return _flex.flex_attention  # run eagerly here: only the choice is tested
 
     monkeypatch.setattr(backends, "flex_kernel", recording)
     layer = MultiHeadAttention(D_MODEL, N_HEADS, ALiBi(N_HEADS), backend="flex")

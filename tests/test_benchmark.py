@@ -1,4 +1,4 @@
-"""Tests of the measuring library (tutorial_pkg.measure.compare) and of the suite that uses it
+"""Tests of the measuring library (tutorial_pkg.measure.cases) and of the suite that uses it
 (benchmarks/suite.py): CPU only, tiny sizes.
 
 They check that the harness measures what it claims (a 2 ms sleep reads ~2 ms,
@@ -703,18 +703,20 @@ def test_library_does_not_import_the_model():
     # the suites build models; the measuring library must not need them
     import ast
 
-    for module in ("benchmark", "timing", "memory", "records"):
-        tree = ast.parse((REPO_ROOT / "tutorial_pkg" / f"{module}.py").read_text())
+    for module in ("__init__", "cases", "timing", "memory", "records"):
+        tree = ast.parse((REPO_ROOT / "tutorial_pkg" / "measure" / f"{module}.py").read_text())
         imported = {n.module or "" for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
         imported |= {a.name for n in ast.walk(tree) if isinstance(n, ast.Import)
                      for a in n.names}
         assert not {"model", ".model", "tutorial_pkg.models.tiny_lm", "attention", "encodings",
+                    "..models", "..attention", "..encodings", "..experiments",
                     "benchmarks", "matplotlib"} & imported, module
+        assert all(not m.startswith("..") or m == ".._checks" for m in imported), module
 
 
 def test_make_bench_runs_a_command_that_takes_its_options():
     """``make bench`` names a program that exists and parses the options it is given (the
-    old target ran ``python -m tutorial_pkg.measure.compare``, a module with no ``__main__``: it
+    old target ran the library module itself, which has no ``__main__``: it
     exited 0, printed nothing and wrote nothing)."""
     import shlex
     import shutil
@@ -927,7 +929,7 @@ def test_ratio_range_is_the_spread_of_the_round_ratios():
 def test_compare_flushes_l2_on_a_cuda_device(monkeypatch):
     """compare asks time_fn to flush L2 on CUDA (default) and not on a CPU; the CUDA path is
     rehearsed through the library's public names and torch.cuda's, no GPU needed."""
-    import tutorial_pkg.measure as bench
+    from tutorial_pkg.measure import cases as bench  # the module compare() reads
 
     seen = []
 

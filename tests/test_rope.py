@@ -615,7 +615,7 @@ def test_rope_speed_cases_compute_the_rotation():
 def test_rope_speed_record_is_well_formed_and_states_ratios():
     """The recorded run (benchmarks/rope_speed.py): where it ran, how busy the machine was,
     and per dtype each case's ratio to the copy of q and k with its range over rounds."""
-    from tutorial_pkg.measure.compare import load_results
+    from tutorial_pkg.measure.cases import load_results
 
     hardware, records = load_results(SPEED_RECORD)
     for key in ("cpu", "torch", "date", "loadavg", "loadavg_end", "malloc", "command"):

@@ -1,18 +1,18 @@
 """Timing, memory, records and side-by-side comparison. Chapter 5.
 
 ``from tutorial_pkg import measure as bm`` gives all of it (the names of
-:mod:`~tutorial_pkg.measure.compare`, which re-exports its parts):
+:mod:`~tutorial_pkg.measure.cases`, which re-exports its parts):
 
 * ``timing``: one function, timed honestly (warm-up, CUDA events, robust statistics).
 * ``memory``: peak and held memory of one call.
 * ``records``: :class:`~tutorial_pkg.measure.records.BenchRecord`, results files, tables.
-* ``compare``: :class:`~tutorial_pkg.measure.compare.Case` and
-  :func:`~tutorial_pkg.measure.compare.compare`, cases side by side with a limit reference.
+* ``cases``: :class:`~tutorial_pkg.measure.cases.Case` and
+  :func:`~tutorial_pkg.measure.cases.compare`, cases side by side with a limit reference.
 
 Needs nothing of the rest of the package.
 """
 
-from .compare import (
+from .cases import (
     MEMORY_HEADROOM,
     MEMORY_RESERVE_BYTES,
     SCHEMA_VERSION,

@@ -164,7 +164,7 @@ class BenchRecord:
         peak_ratio: ``peak_bytes / reference peak_bytes``.
         held_bytes: Memory the case keeps alive *between* calls (caches such as a
             cached bias table), which :attr:`peak_bytes` cannot see; ``None`` if
-            the case does not say (see :class:`~tutorial_pkg.measure.compare.Case`).
+            the case does not say (see :class:`~tutorial_pkg.measure.cases.Case`).
         first_call_ms: Wall time of the case's very first call, before any
             warm-up: one-off costs such as compiling (FlexAttention, fused RoPE)
             or building a cache. Reported apart, never mixed into the median.

@@ -5,7 +5,7 @@
   measures. Either way the result, a :class:`Timing`, wraps a ``torch.utils.benchmark``
   ``Measurement``.
 * :func:`resolve_device` -- the one reading of a ``device`` argument that the measuring
-  library (:mod:`tutorial_pkg.measure.compare`) uses everywhere.
+  library (:mod:`tutorial_pkg.measure.cases`) uses everywhere.
 
 Example:
     >>> import torch
