@@ -23,10 +23,8 @@ at ``L`` and evaluated at ``L .. 8L`` (RoPE-based encodings also with each scali
 * ``all_tokens``: :func:`~tutorial_pkg.experiments.context_eval.all_token_perplexity` on
   non-overlapping windows up to ``32 L`` (Press et al.'s measure), per-block NLL kept;
 * ``retrieval``: the copy test :func:`~tutorial_pkg.experiments.retrieval.retrieval_test`, also on
-  the
-  ``name+copy`` models of ``--copy-encodings``, trained for ``COPY_STEPS`` steps on text in
-  which every window repeats its first ``L/4`` tokens (``copy_fraction``): the positive
-  control;
+  the ``name+copy`` models of ``--copy-encodings``, trained for ``COPY_STEPS`` steps on text in
+  which every window repeats its first ``L/4`` tokens (``copy_fraction``): the positive control;
 * ``attention_distance``: the mean attention distance of queries in ``[L/2, L)`` (inside
   the training length) and ``[3L, 4L)``;
 * ``training``: the final training loss of every model.

@@ -1,6 +1,5 @@
 """T5's relative bias (tutorial_pkg.encodings.relative_bias): the bucket function equals an
-independent
-transcription of Hugging Face's ``T5Attention._relative_position_bucket``; the bias, its
+independent transcription of Hugging Face's ``T5Attention._relative_position_bucket``; the bias, its
 Flex ``score_mod`` and its gradients.
 """
 

@@ -1,7 +1,6 @@
-"""Per-layer schedules (tutorial_pkg.encodings.schedules): the layer rules of Hugging Face's Llama
-4 /
-SmolLM3 (``no_rope_layers``) and Gemma 3 (``layer_types``) configs, transcribed here;
-TinyLM by name, by list, decoding with a cache.
+"""Per-layer schedules (tutorial_pkg.encodings.schedules): the layer rules of Hugging Face's Llama 4
+/ SmolLM3 (``no_rope_layers``) and Gemma 3 (``layer_types``) configs, transcribed here; TinyLM by
+name, by list, decoding with a cache.
 """
 
 from __future__ import annotations

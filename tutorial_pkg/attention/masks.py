@@ -188,8 +188,7 @@ class AttentionPlan:
 
     def mask_rule(self, *, padding: bool = True, batch: int | None = None):
         """The plan's rules composed (:func:`~tutorial_pkg.attention.masks.and_masks`), on cache
-        slots; None
-        if no rule.
+        slots; None if no rule.
 
         ``batch`` expands the document ids to that many rows (Flex indexes them by ``b``).
         """

@@ -34,9 +34,8 @@ the second (the bias is written once, in :class:`ALiBi`).
 :func:`~tutorial_pkg.encodings.registry.register_encoding` live in
 :mod:`tutorial_pkg.encodings.registry`, the
 module that lists every built-in encoding and schedule: it sits above this one, T5's
-:mod:`~tutorial_pkg.encodings.relative_bias` and :mod:`~tutorial_pkg.encodings.schedules`, so it
-can name
-them all while imports point one way.
+:mod:`~tutorial_pkg.encodings.relative_bias` and :mod:`~tutorial_pkg.encodings.schedules`, so it can
+name them all while imports point one way.
 
 Positions are explicit integer tensors, ``(L,)`` or ``[b, L]``, so decoding with a KV
 cache, left-padded batches and packed documents are correct for every encoding: a

@@ -55,9 +55,8 @@ def fixed_target_windows(
 
     ``n_blocks`` blocks of ``max(lengths)`` tokens, evenly spaced over the held-out text
     (:func:`~tutorial_pkg.experiments.training.evaluation_blocks`); the window of length ``N`` is
-    the
-    last ``N`` tokens of each block, so its last ``target_len`` targets are the same for
-    every ``N`` and only the ``N - target_len`` tokens of context before them change.
+    the last ``N`` tokens of each block, so its last ``target_len`` targets are the same for every
+    ``N`` and only the ``N - target_len`` tokens of context before them change.
 
     Returns:
         ``{N: (x, y)}``, int64 ``[n_blocks, N]``; ``y`` is ``x`` shifted by one, and

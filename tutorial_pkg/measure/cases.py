@@ -1,18 +1,18 @@
 """The measuring library of chapter 5: time and memory, measured side by side, and recorded.
 
-``from tutorial_pkg import benchmark as bm`` gives all of it. Its parts, one idea each:
+``from tutorial_pkg import measure as bm`` gives all of it. Its parts, one idea each:
 
-* :mod:`tutorial_pkg.measure.timing` -- :func:`~tutorial_pkg.measure.timing.time_fn`: warm-up, many
-  samples, the median and the inter-quartile range (CUDA events on a GPU,
+* :mod:`tutorial_pkg.measure.timing` -- :func:`~tutorial_pkg.measure.timing.time_fn`:
+  warm-up, many samples, the median and the inter-quartile range (CUDA events on a GPU,
   ``torch.utils.benchmark`` on a CPU), as a :class:`~tutorial_pkg.measure.timing.Timing`;
-* :mod:`tutorial_pkg.measure.memory` -- :func:`~tutorial_pkg.measure.memory.peak_memory` (the extra
-  bytes
-  of one call at its peak), the expected :class:`~tutorial_pkg.measure.memory.Footprint` of a case
-  and whether it fits (:func:`~tutorial_pkg.measure.memory.available_memory`,
+* :mod:`tutorial_pkg.measure.memory` -- :func:`~tutorial_pkg.measure.memory.peak_memory`
+  (the extra bytes of one call at its peak), the expected
+  :class:`~tutorial_pkg.measure.memory.Footprint` of a case and whether it fits
+  (:func:`~tutorial_pkg.measure.memory.available_memory`,
   :func:`~tutorial_pkg.measure.memory.fit_problem`);
 * :mod:`tutorial_pkg.measure.records` -- :class:`~tutorial_pkg.measure.records.BenchRecord`,
-  results files
-  that say where they were measured (:func:`~tutorial_pkg.measure.records.save_results`,
+  results files that say where they were measured
+  (:func:`~tutorial_pkg.measure.records.save_results`,
   :func:`~tutorial_pkg.measure.records.load_results`,
   :func:`~tutorial_pkg.measure.records.hardware_info`) and tables;
 * here: :func:`compare` -- several cases measured side by side, in interleaved rounds,
@@ -32,7 +32,7 @@ live in the repository's ``benchmarks/`` folder, not in the package.
 
 Example:
     >>> import torch
-    >>> from tutorial_pkg import benchmark as bm
+    >>> from tutorial_pkg import measure as bm
     >>> x = torch.randn(64, 64)
     >>> recs = bm.compare({"matmul": lambda: x @ x, "copy": x.clone}, "copy",
     ...                   device="cpu", max_time_s=0.01, measure_memory=False)
@@ -221,8 +221,7 @@ def compare(
 
     Returns:
         One :class:`~tutorial_pkg.measure.records.BenchRecord` per case, in the order of ``cases``,
-        with
-        ``ratio`` (and ``peak_ratio``) filled when the reference succeeded.
+        with ``ratio`` (and ``peak_ratio``) filled when the reference succeeded.
 
     Raises:
         ValueError: If ``cases`` is empty or ``reference`` is not one of them.

@@ -41,11 +41,10 @@ class TinyLM(nn.Module):
 
     Args:
         encoding: an encoding name for :func:`~tutorial_pkg.encodings.registry.make_encoding` (an
-            encoding
-            or a schedule) or an instance (shared by every layer); a
+            encoding or a schedule) or an instance (shared by every layer); a
             :class:`~tutorial_pkg.encodings.schedules.LayerSchedule` (or its name, e.g. ``"irope"``,
-            ``"local_global"``): layer ``i`` gets ``schedule.layer(i)``; or a list of
-            ``n_layers`` names or instances, one per layer (a
+            ``"local_global"``): layer ``i`` gets ``schedule.layer(i)``; or a list of ``n_layers``
+            names or instances, one per layer (a
             :class:`~tutorial_pkg.encodings.schedules.PerLayer`). The model's ``encoding`` holds the
             instance or the schedule.
         vocab_size: vocabulary size (256 for bytes).
