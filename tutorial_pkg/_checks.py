@@ -13,6 +13,8 @@ values at all. So value checks run on CPU tensors only (:func:`values_readable`)
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 from torch._subclasses.fake_tensor import FakeTensor
 
@@ -244,3 +246,10 @@ def check_ids_or_features(name: str, x: object) -> torch.Tensor:
         raise TypeError(f"{name} must be a tensor [b, s] of ids or [b, s, d] of features, got "
                         f"{getattr(x, 'shape', type(x).__name__)}")
     return x
+
+
+def check_positive_ints(name: str, values) -> tuple[int, ...]:
+    """``values`` as a tuple of positive ints: a non-empty sequence (``TypeError`` otherwise)."""
+    if isinstance(values, (str, bytes)) or not isinstance(values, Sequence) or not values:
+        raise TypeError(f"{name} must be a non-empty sequence of ints, got {values!r}")
+    return tuple(check_positive_int(f"{name}[i]", v) for v in values)

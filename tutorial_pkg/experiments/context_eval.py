@@ -23,18 +23,17 @@ from collections.abc import Sequence
 
 import torch
 
-from .._checks import check_choice, check_nonneg_int, check_positive_int
+from .._checks import check_choice, check_nonneg_int, check_positive_int, check_positive_ints
 from ..models.tiny_lm import TinyLM
 from .stats import bootstrap_interval
 from .training import (
     SCALING_TYPES,
-    _check_scalable,
-    _positive_ints,
-    _token_nll,
+    check_scalable,
     evaluation_blocks,
     position_limit,
     scaled_rope,
     scaling_for,
+    token_nll,
 )
 
 __all__ = ["fixed_target_windows", "evaluate_fixed_targets", "all_token_perplexity"]
@@ -66,7 +65,7 @@ def fixed_target_windows(
         TypeError, ValueError: for non-positive sizes, a length below ``target_len`` or too
             little held-out text.
     """
-    lengths = _positive_ints("lengths", lengths)
+    lengths = check_positive_ints("lengths", lengths)
     check_positive_int("target_len", target_len)
     check_positive_int("n_blocks", n_blocks)
     if min(lengths) < target_len:
@@ -88,10 +87,10 @@ def _prepare(model, train_len, multiples, scaling, batch_tokens, seed):
     if not isinstance(model, TinyLM):
         raise TypeError(f"model must be a TinyLM, got {type(model).__name__}")
     check_positive_int("train_len", train_len)
-    multiples = _positive_ints("multiples", multiples)
+    multiples = check_positive_ints("multiples", multiples)
     if scaling is not None:
         check_choice("scaling", scaling, SCALING_TYPES)
-        _check_scalable(model)
+        check_scalable(model)
     check_positive_int("batch_tokens", batch_tokens)
     check_nonneg_int("seed", seed)
     return multiples
@@ -162,7 +161,7 @@ def evaluate_fixed_targets(
                 continue
             x, y = windows[n]
             with scaled_rope(model, rule):
-                nll = _token_nll(model, x, y, max(1, batch_tokens // n), device, amp, _NoBar())
+                nll = token_nll(model, x, y, max(1, batch_tokens // n), device, amp, _NoBar())
             per_block = nll[:, -t:].mean(dim=1)
             record.update(_interval(per_block, seed), nll_by_block=per_block.tolist())
             records.append(record)
@@ -225,7 +224,7 @@ def all_token_perplexity(
                 records.append(record)
                 continue
             with scaled_rope(model, rule):
-                nll = _token_nll(model, x_blocks.reshape(-1, n), y_blocks.reshape(-1, n),
+                nll = token_nll(model, x_blocks.reshape(-1, n), y_blocks.reshape(-1, n),
                                  max(1, batch_tokens // n), device, amp, _NoBar())
             per_block = nll.reshape(n_blocks, longest).mean(dim=1)
             record.update(_interval(per_block, seed), nll_by_block=per_block.tolist())

@@ -32,11 +32,11 @@ from ..models.tiny_lm import TinyLM
 from .data import load_splits
 from .training import (
     ExperimentConfig,
-    _autocast,
-    _check_config,
-    _lr_factor,
-    _optimizer,
+    autocast,
     build_model,
+    check_config,
+    lr_factor,
+    make_optimizer,
     training_batches,
 )
 
@@ -75,7 +75,7 @@ def train_ddp(
         RuntimeError: outside torchrun, or if the loss becomes NaN or infinite.
         ValueError: if ``cfg.batch_size`` is not a multiple of the number of processes.
     """
-    cfg = _check_config(cfg)
+    cfg = check_config(cfg)
     rank, world, local_rank = _init()
     if cfg.batch_size % world:
         raise ValueError(f"batch_size ({cfg.batch_size}) must be a multiple of the number of "
@@ -88,13 +88,13 @@ def train_ddp(
         train_ids, _ = load_splits(cfg.heldout_fraction)
     model = build_model(encoding, cfg, encoding_kwargs)  # same seed: same weights on every rank
     ddp = DistributedDataParallel(model, device_ids=[local_rank] if device.type == "cuda" else None)
-    optimizer = _optimizer(model, cfg)
-    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, _lr_factor(cfg))
+    optimizer = make_optimizer(model, cfg)
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_factor(cfg))
     losses: list[float] = []
     ddp.train()
     for step, (x, y) in enumerate(training_batches(train_ids, cfg)):
         xs, ys = x.chunk(world)[rank].to(device), y.chunk(world)[rank].to(device)
-        with _autocast(cfg.amp, device):
+        with autocast(cfg.amp, device):
             logits = ddp(xs)
         loss = torch.nn.functional.cross_entropy(
             logits.reshape(-1, logits.shape[-1]).float(), ys.reshape(-1))

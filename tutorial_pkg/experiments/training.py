@@ -45,6 +45,7 @@ from .._checks import (
     check_number,
     check_positive_float,
     check_positive_int,
+    check_positive_ints,
 )
 from ..encodings.builtin import PositionEncoding
 from ..encodings.registry import ENCODINGS
@@ -67,6 +68,12 @@ __all__ = [
     "run_extrapolation",
     "format_table",
     "summarize_seeds",
+    "check_config",
+    "lr_factor",
+    "make_optimizer",
+    "autocast",
+    "check_scalable",
+    "token_nll",
 ]
 
 #: RoPE scaling rules :func:`run_extrapolation` can apply at evaluation time.
@@ -157,7 +164,7 @@ class ExperimentConfig:
         if self.copy_fraction and 2 * self.copy_len > self.train_len:
             raise ValueError(f"copy_len ({self.copy_len}) must be <= train_len // 2 "
                              f"({self.train_len // 2}) when copy_fraction > 0")
-        multiples = _positive_ints("eval_multiples", self.eval_multiples)
+        multiples = check_positive_ints("eval_multiples", self.eval_multiples)
         object.__setattr__(self, "eval_multiples", multiples)
         if self.eval_tokens < max(multiples) * self.train_len:
             raise ValueError(
@@ -197,15 +204,8 @@ class ExperimentConfig:
 
 
 # --------------------------------------------------------------------------- training
-
-
-def _positive_ints(name: str, values: Sequence[int]) -> tuple[int, ...]:
-    if isinstance(values, (str, bytes)) or not isinstance(values, Sequence) or not values:
-        raise TypeError(f"{name} must be a non-empty sequence of ints, got {values!r}")
-    return tuple(check_positive_int(f"{name}[i]", v) for v in values)
-
-
-def _check_config(cfg) -> ExperimentConfig:
+def check_config(cfg) -> ExperimentConfig:
+    """``cfg`` itself if it is an :class:`ExperimentConfig` (``TypeError`` otherwise)."""
     if not isinstance(cfg, ExperimentConfig):
         raise TypeError(f"cfg must be an ExperimentConfig, got {type(cfg).__name__}")
     return cfg
@@ -230,7 +230,7 @@ def training_batches(
     Yields:
         ``(x, y)``: int64 ``[batch_size, train_len]`` on the CPU, ``y`` = ``x`` shifted by one.
     """
-    cfg = _check_config(cfg)
+    cfg = check_config(cfg)
     generator = torch.Generator().manual_seed(cfg.seed)
     batches = batch_iterator(train_ids, cfg.batch_size, cfg.train_len, generator, cfg.steps)
     return _with_copies(batches, cfg) if cfg.copy_fraction else batches
@@ -269,7 +269,7 @@ def build_model(
     The learned table gets ``max_positions = cfg.train_len``: it can represent exactly the
     positions it is trained on.
     """
-    cfg = _check_config(cfg)
+    cfg = check_config(cfg)
     if isinstance(encoding, (PositionEncoding, LayerSchedule)):
         if encoding_kwargs:
             raise ValueError("encoding_kwargs apply to an encoding name, not an instance")
@@ -282,7 +282,10 @@ def build_model(
     ).to(cfg.resolved_device())
 
 
-def _lr_factor(cfg: ExperimentConfig) -> Callable[[int], float]:
+def lr_factor(cfg: ExperimentConfig) -> Callable[[int], float]:
+    """The learning-rate multiplier per step: linear warm-up, then constant or cosine
+    decay to ``cfg.min_lr_ratio``."""
+
     def factor(step: int) -> float:
         if step < cfg.warmup:
             return (step + 1) / cfg.warmup
@@ -295,8 +298,9 @@ def _lr_factor(cfg: ExperimentConfig) -> Callable[[int], float]:
     return factor
 
 
-def _optimizer(model: torch.nn.Module, cfg: ExperimentConfig) -> torch.optim.Optimizer:
-    # Decay matrices (projections, embeddings), not LayerNorm gains or biases.
+def make_optimizer(model: torch.nn.Module, cfg: ExperimentConfig) -> torch.optim.Optimizer:
+    """AdamW over ``model``'s parameters; weight decay on matrices (projections,
+    embeddings), not on LayerNorm gains or biases."""
     decay = [p for p in model.parameters() if p.requires_grad and p.dim() >= 2]
     other = [p for p in model.parameters() if p.requires_grad and p.dim() < 2]
     groups = [{"params": decay, "weight_decay": cfg.weight_decay},
@@ -304,8 +308,8 @@ def _optimizer(model: torch.nn.Module, cfg: ExperimentConfig) -> torch.optim.Opt
     return torch.optim.AdamW(groups, lr=cfg.lr, betas=(0.9, 0.95))
 
 
-def _autocast(amp: bool, device: torch.device):
-    # bfloat16 autocast on CUDA only: a CPU run stays float32 whatever ``amp`` says
+def autocast(amp: bool, device: torch.device):
+    """bfloat16 autocast on CUDA when ``amp``; a CPU run stays float32 whatever ``amp``."""
     return torch.autocast(device.type, dtype=torch.bfloat16, enabled=amp and device.type == "cuda")
 
 
@@ -340,21 +344,21 @@ def train(
     Raises:
         RuntimeError: if the loss becomes NaN or infinite.
     """
-    cfg = _check_config(cfg)
+    cfg = check_config(cfg)
     if train_ids is None:
         train_ids, _ = load_splits(cfg.heldout_fraction)
     device = cfg.resolved_device()
     model = build_model(encoding, cfg, encoding_kwargs)
     label = model.encoding.name if isinstance(encoding, PositionEncoding) else encoding
-    optimizer = _optimizer(model, cfg)
-    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, _lr_factor(cfg))
+    optimizer = make_optimizer(model, cfg)
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_factor(cfg))
     losses: list[float] = []
     model.train()
     bar = tqdm(training_batches(train_ids, cfg), total=cfg.steps, desc=f"train {label}",
                disable=not progress, mininterval=2.0, leave=True)
     for step, (x, y) in enumerate(bar):
         x, y = x.to(device), y.to(device)
-        with _autocast(cfg.amp, device):
+        with autocast(cfg.amp, device):
             loss = model.loss(x, y)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
@@ -373,8 +377,6 @@ def train(
 
 
 # --------------------------------------------------------------------------- evaluation
-
-
 def position_limit(model: TinyLM) -> int | None:
     """The number of positions the model's encoding can represent, or ``None`` if unbounded.
 
@@ -402,7 +404,8 @@ def scaling_for(scaling: str | None, eval_len: int, train_len: int) -> dict | No
     return {"type": scaling, "factor": factor}
 
 
-def _check_scalable(model: TinyLM) -> None:
+def check_scalable(model: TinyLM) -> None:
+    """``ValueError`` unless ``model``'s encoding supports RoPE scaling rules."""
     if not model.encoding.supports_scaling:
         raise ValueError(
             f"scaling applies to encodings with RoPE (rope, hybrid); this model uses "
@@ -423,7 +426,7 @@ def scaled_rope(model: TinyLM, scaling: dict | None):
     if scaling is None:
         yield model
         return
-    _check_scalable(model)
+    check_scalable(model)
     previous = model.encoding.scaling
     model.encoding.set_scaling(scaling)
     try:
@@ -453,12 +456,12 @@ def evaluation_blocks(
 
 
 @torch.no_grad()
-def _token_nll(model, x, y, batch_windows, device, amp, bar) -> torch.Tensor:
+def token_nll(model, x, y, batch_windows, device, amp, bar) -> torch.Tensor:
     """Negative log-likelihood of every target token, ``[W, T]`` float64 on the CPU."""
     out = []
     for i in range(0, x.shape[0], batch_windows):
         xb, yb = x[i : i + batch_windows].to(device), y[i : i + batch_windows].to(device)
-        with _autocast(amp, device):
+        with autocast(amp, device):
             logits = model(xb)
         nll = F.cross_entropy(logits.float().transpose(1, 2), yb, reduction="none")
         out.append(nll.double().cpu())
@@ -513,10 +516,10 @@ def evaluate(
     if not isinstance(model, TinyLM):
         raise TypeError(f"model must be a TinyLM, got {type(model).__name__}")
     check_positive_int("train_len", train_len)
-    multiples = _positive_ints("multiples", multiples)
+    multiples = check_positive_ints("multiples", multiples)
     if scaling is not None:
         check_choice("scaling", scaling, SCALING_TYPES)
-        _check_scalable(model)
+        check_scalable(model)
     check_positive_int("batch_tokens", batch_tokens)
     name = encoding_name or model.encoding.name
     device = next(model.parameters()).device
@@ -552,7 +555,7 @@ def evaluate(
                 records.append(record)
                 continue
             with scaled_rope(model, rule):
-                nll = _token_nll(model, x, y, max(1, batch_tokens // eval_len), device, amp, bar)
+                nll = token_nll(model, x, y, max(1, batch_tokens // eval_len), device, amp, bar)
             nll_all, nll_last = nll.mean().item(), nll[:, quarter:].mean().item()
             record.update(
                 ppl_all=math.exp(nll_all), ppl_last_quarter=math.exp(nll_last),
@@ -603,7 +606,7 @@ def run_extrapolation(
         The records of :func:`evaluate`, each with ``final_train_loss`` (mean of the
         last 10% of steps) added, in the order encodings x scalings x multiples.
     """
-    cfg = _check_config(cfg)
+    cfg = check_config(cfg)
     if isinstance(encodings, str) or not isinstance(encodings, Sequence) or not encodings:
         raise TypeError(f"encodings must be a non-empty list of names, got {encodings!r}")
     for name in encodings:
@@ -645,8 +648,6 @@ def run_extrapolation(
 
 
 # --------------------------------------------------------------------------- table
-
-
 def format_table(
     records: Sequence[Mapping],
     value: str = "ppl_last_quarter",
@@ -696,8 +697,6 @@ def format_table(
     return "\n".join(out)
 
 # --------------------------------------------------------------------------- seeds
-
-
 def summarize_seeds(
     records: Sequence[Mapping],
     value: str,
