@@ -100,3 +100,13 @@ def test_swap_refuses_another_family_by_name():
         swap_attention(transformers.GPT2LMHeadModel(config))
     with pytest.raises(ValueError, match="call swap_attention"):
         set_rope_scaling(_model("llama"), None)
+
+
+def test_a_cache_filled_elsewhere_is_refused():
+    hf = _model("llama")
+    ours = swap_attention(copy.deepcopy(hf))
+    ids, mask = _batch()
+    with torch.no_grad():
+        cache = hf(ids, attention_mask=mask, use_cache=True).past_key_values
+        with pytest.raises(ValueError, match="filled, cropped or reordered elsewhere"):
+            ours(ids[:, -1:], past_key_values=cache, use_cache=True)

@@ -44,7 +44,12 @@ class HFCacheView(KVCache):
     def __init__(self, cache, layer_idx: int, positions: torch.Tensor | None) -> None:
         super().__init__()
         self.cache, self.layer_idx = cache, layer_idx
-        self.positions = positions if self.length else None
+        length = self.length
+        if length and (positions is None or positions.shape[-1] != length):
+            raise ValueError(f"the cache holds {length} tokens of layer {layer_idx} but this "
+                             f"layer saw {0 if positions is None else positions.shape[-1]}: a "
+                             "cache filled, cropped or reordered elsewhere is not supported")
+        self.positions = positions if length else None
         self.default_positions = False  # positions always come from the model
 
     @property
