@@ -53,6 +53,8 @@ def test_the_checkpoint_is_the_llama_the_docs_describe(models):
     assert (c.num_hidden_layers, c.hidden_size, c.num_attention_heads,
             c.num_key_value_heads) == (30, 576, 9, 3)
     assert c.max_position_embeddings == 8192
+    assert c.hidden_size // c.num_attention_heads == 64
+    assert c.rope_parameters["rope_theta"] == 1e5
     assert sum(isinstance(m, PackageAttention) for m in ours.modules()) == 30
 
 
