@@ -113,11 +113,12 @@ def cached_key_bias(encoding: PositionEncoding, k_len: int, *, device) -> torch.
     """The encoding's ``key_bias`` for keys ``0..k_len-1`` as ``(1, H, 1, k_len)``, cached.
 
     Float32 (float64 for float64 slopes), cast to q's dtype per call by
-    :func:`sdpa_key_bias`, which ``"auto"`` calls for float32 and float64 q only: the row
-    holds ``m_h j``, which grows with ``j``; rounded to bfloat16 it would lose the small
-    differences between neighbouring keys. ``H`` floats per position, not ``H L`` as
-    for :func:`cached_bias`. A learnable bias is rebuilt on every call. ``None`` if
-    the encoding has no key-only form. Built on ``device`` as :func:`cached_bias` is.
+    :func:`~tutorial_pkg.attention.backends.sdpa_key_bias`, which ``"auto"`` calls for
+    float32 and float64 q only: the row holds ``m_h j``, which grows with ``j``; rounded
+    to bfloat16 it would lose the small differences between neighbouring keys. ``H``
+    floats per position, not ``H L`` as for :func:`cached_bias`. A learnable bias is
+    rebuilt on every call. ``None`` if the encoding has no key-only form. Built on
+    ``device`` as :func:`cached_bias` is.
     """
     device = torch.device(device)
     check_learned_device(encoding, device)

@@ -64,8 +64,8 @@ def flex_blocker(q, k, v, plan: AttentionPlan, encoding: PositionEncoding, *,
 
 
 def flex_kernel(compiled: bool, dynamic: bool = False):
-    """The FlexAttention function :func:`flex` calls: ``flex_attention`` itself, or
-    compiled (once per process and ``dynamic``).
+    """What :func:`~tutorial_pkg.attention.backends.flex` calls: ``flex_attention``
+    itself, or compiled (once per process and ``dynamic``).
 
     ``dynamic=True`` serves the common call (a whole causal sequence, no padding): one
     compilation for every length. Other calls compile statically, once per shape (with

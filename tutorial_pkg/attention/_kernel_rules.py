@@ -17,7 +17,9 @@ class KernelRules:
     """What the backends assume of the kernels of one device type.
 
     Attributes:
-        key_bias: the answer of :func:`key_bias_supported` for every dtype; None = probe.
+        key_bias: the answer of
+            :func:`~tutorial_pkg.attention._probe.key_bias_supported` for every dtype;
+            None = probe.
         flex: FlexAttention runs on this device type.
         flex_backward: FlexAttention has a backward there (not on CPU in torch 2.13).
     """

@@ -29,7 +29,8 @@ def key_bias_supported(device: torch.device, dtype: torch.dtype, gqa: bool) -> b
     ``"auto"`` relies on it, although PyTorch's documentation calls ``attn_mask`` with
     ``is_causal=True`` an error. :func:`probe_key_bias` answers, once per (device type,
     dtype, GQA); where nothing can run (meta, ``FakeTensorMode``, tracing) the answer is
-    False and is not kept. A :class:`KernelRules` ``key_bias`` answers instead.
+    False and is not kept. A :class:`~tutorial_pkg.attention._kernel_rules.KernelRules`
+    ``key_bias`` answers instead.
     """
     device = torch.device(device)
     assumed = kernel_rules(device.type).key_bias

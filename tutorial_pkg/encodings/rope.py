@@ -23,8 +23,8 @@ Shapes: q and k are ``[b, H, s, d]`` (the layout of
 ``torch.nn.functional.scaled_dot_product_attention``).
 
 Where things live: the scaling rules and
-    :func:`~tutorial_pkg.encodings.rope_scaling.scaled_inv_freq`
-in :mod:`tutorial_pkg.encodings.rope_scaling`; reading a Hugging Face config in
+:func:`~tutorial_pkg.encodings.rope_scaling.scaled_inv_freq` in
+:mod:`tutorial_pkg.encodings.rope_scaling`; reading a Hugging Face config in
 :mod:`tutorial_pkg.encodings.rope_config` (which :meth:`RotaryEmbedding.from_config` calls);
 the fast paths :class:`RotaryEmbedding` runs in :mod:`tutorial_pkg.encodings.rope_kernels`.
 """

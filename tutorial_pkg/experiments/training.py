@@ -16,7 +16,7 @@
 An encoding that cannot represent a position (:func:`position_limit`) gets ``None``
 perplexities and a ``note`` for those lengths: the run neither crashes nor reports
 numbers it did not measure. The last quarter scores different tokens at each length;
-its neighbours in :mod:`tutorial_pkg.experiments` score the same targets at every length
+its neighbours in ``tutorial_pkg.experiments`` score the same targets at every length
 (``context_eval``, with ``stats``' intervals), train under ``torchrun`` (``distributed``),
 run the copy test (``retrieval``) and chapter 6's synthetic tasks (``tasks``).
 

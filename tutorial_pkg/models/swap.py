@@ -86,6 +86,8 @@ class PackageAttention(nn.Module):
     def forward(self, hidden_states: torch.Tensor, position_embeddings=None,
                 attention_mask: torch.Tensor | None = None, cache=None, *,
                 position_ids: torch.Tensor | None = None, past_key_values=None, **kwargs):
+        """The family's attention call (the class docs); other keyword arguments of the
+        model (``use_cache``, ``cache_position``, ...) are accepted and not needed."""
         cache = cache if cache is not None else past_key_values
         b, s, _ = hidden_states.shape
         if position_ids is None:
