@@ -30,7 +30,7 @@ browser-deps:
 	bash .ci/browser_deps
 
 ## test: browser tools first (it stops at once if they are missing and cannot be installed),
-## set up, then every check CI runs (lint, unit tests, wheel, nbval twice, book build, HTML checks)
+## set up, then every check CI runs (lint, unit tests, wheel, nbval as on Colab, book build, HTML checks)
 test: browser-deps setup
 	PATH="$(abspath $(BIN)):$$PATH" bash .ci/check
 

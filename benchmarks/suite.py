@@ -387,7 +387,9 @@ def attention_suite(args: argparse.Namespace) -> Iterator[SuiteEntry]:
 def rope_suite(args: argparse.Namespace) -> Iterator[SuiteEntry]:
     """Applying RoPE to q and k, per dtype, next to copying them (:data:`ROPE_LIMIT`).
 
-    Cases: ``apply_rope`` (the readable reference form), ``rotate`` (the default
+    Cases: ``spec`` (``rope._rope``, the readable form the package's rotation is tested
+    against; until commit b64d261 this case was ``apply_rope``, which then ran that form
+    in q's dtype), ``rotate`` (the default
     path: :class:`~tutorial_pkg.encodings.rope.RotaryEmbedding` on q and k, no compiling; on a
     CPU the three kernels run block by block so that q and k cross memory about once),
     ``rotate fused`` (the same with ``fused=True``: one compiled call for q and k;
@@ -421,7 +423,7 @@ def _rope_entry(device: torch.device, shape: tuple[int, ...], dtype_name: str,
                 plan: DevicePlan | None = None) -> SuiteEntry:
     from tutorial_pkg.encodings.rope import (
         RotaryEmbedding,
-        apply_rope,
+        _rope,
         apply_rope_complex,
         precompute_freqs_cis,
     )
@@ -459,8 +461,8 @@ def _rope_entry(device: torch.device, shape: tuple[int, ...], dtype_name: str,
 
     cases = {
         ROPE_LIMIT: Case(run(torch.clone), {"impl": "clone"}, footprint=footprint),
-        "apply_rope": Case(run(lambda x: apply_rope(x, cos, sin)), {"impl": "reference"},
-                           footprint=footprint),
+        "spec": Case(run(lambda x: _rope(x, cos, sin, "half")), {"impl": "reference"},
+                     footprint=footprint),
         "rotate": Case(run_pair(eager), {"impl": "eager"}, footprint=footprint),
         "rotate fused": Case(run_pair(fused), {"impl": "compiled"}, footprint=footprint,
                              skip=fused_skip),

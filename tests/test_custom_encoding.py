@@ -2,8 +2,9 @@
 
 ``LogDistanceBias`` (a Kerple-style logarithmic bias, ``-m_h log(1 + |i - j|)``) is
 defined in this file only, registered in ``ENCODINGS``, and must work through
-``make_encoding``, ``MultiHeadAttention`` on every backend, the KV cache, ``TinyLM``
-and the experiments, with no change under ``tutorial_pkg/``.
+``make_encoding`` (that dispatch is tested in test_registry.py, with these classes),
+``MultiHeadAttention`` on every backend, the KV cache, ``TinyLM`` and the experiments, with no
+change under ``tutorial_pkg/``.
 """
 
 from __future__ import annotations
@@ -17,7 +18,6 @@ from tutorial_pkg import (
     PositionEncoding,
     alibi_slopes,
     backends,
-    make_encoding,
 )
 from tutorial_pkg.experiments.training import ExperimentConfig, evaluate, train
 from tutorial_pkg.models.tiny_lm import TinyLM
@@ -80,21 +80,6 @@ class SwitchableBias(LogDistanceBias):
 def registered(monkeypatch):
     monkeypatch.setitem(ENCODINGS, "log_distance", LogDistanceBias)
     monkeypatch.setitem(ENCODINGS, "switchable", SwitchableBias)
-
-
-def test_make_encoding_dispatches_through_the_registry(registered):
-    enc = make_encoding("log_distance", d_model=32, n_heads=4)
-    assert type(enc) is LogDistanceBias and enc.n_heads == 4  # not a Hybrid
-    with pytest.raises(ValueError, match="n_heads"):
-        make_encoding("log_distance", d_model=32)
-    with pytest.raises(TypeError, match="colour"):
-        make_encoding("log_distance", n_heads=4, colour="red")
-    assert type(make_encoding("switchable", n_heads=4, on=True)) is SwitchableBias
-
-
-def test_unregistered_names_are_refused():
-    with pytest.raises(ValueError, match="name"):
-        make_encoding("log_distance", n_heads=4)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

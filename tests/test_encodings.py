@@ -1,5 +1,6 @@
-"""Tests of tutorial_pkg.encodings.builtin: the hooks of every encoding, the registry, bias
-caching."""
+"""Tests of tutorial_pkg.encodings.builtin (and of the subpackage tutorial_pkg.encodings): the
+hooks of every encoding, bias caching. The registry (``ENCODINGS``, ``make_encoding``) is tested
+in test_registry.py."""
 
 from __future__ import annotations
 
@@ -17,15 +18,13 @@ from tutorial_pkg.encodings.builtin import (
     Hybrid,
     Learned,
     NoPE,
-    PositionEncoding,
     Rotary,
     Sinusoidal,
 )
-from tutorial_pkg.encodings.registry import ENCODINGS, make_encoding, register_encoding
-from tutorial_pkg.encodings.relative_bias import T5RelativeBias
+from tutorial_pkg.encodings.registry import make_encoding
 from tutorial_pkg.encodings.rope import RotaryEmbedding
 from tutorial_pkg.encodings.rope_config import read_rope_config
-from tutorial_pkg.encodings.schedules import LayerSchedule, LocalGlobal, NoPEEvery
+from tutorial_pkg.encodings.schedules import NoPEEvery
 from tutorial_pkg.encodings.sinusoidal import sinusoidal_table
 
 D_MODEL, N_HEADS, HEAD_DIM = 16, 4, 4
@@ -35,68 +34,6 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 def randn(*shape, seed=0):
     return torch.randn(*shape, generator=torch.Generator().manual_seed(seed))
-
-
-def test_registry_names_and_classes():
-    # every encoding of the book (other modules may register more, e.g. a test's own)
-    assert {"nope", "sinusoidal", "learned", "rope", "alibi", "hybrid", "t5", "irope",
-            "local_global"} <= set(ENCODINGS)
-    for name, cls in ENCODINGS.items():
-        assert cls.name == name and issubclass(cls, (PositionEncoding, LayerSchedule))
-    # schedules are registered by name, but they are not encodings
-    for name in ("irope", "local_global"):
-        assert not issubclass(ENCODINGS[name], PositionEncoding)
-
-
-def test_register_encoding_adds_a_class_and_refuses_what_is_not_one():
-    class Mine(NoPE):
-        name = "mine_test"
-
-    try:
-        assert register_encoding(Mine) is Mine and ENCODINGS["mine_test"] is Mine
-        assert type(make_encoding("mine_test")) is Mine
-        register_encoding(Mine)  # the same class again: nothing to refuse
-        with pytest.raises(ValueError, match="mine_test"):
-            register_encoding(type("Other", (NoPE,), {"name": "mine_test"}))
-        assert register_encoding(Mine, "mine_alias") is Mine and ENCODINGS["mine_alias"] is Mine
-    finally:
-        ENCODINGS.pop("mine_test", None)
-        ENCODINGS.pop("mine_alias", None)
-    with pytest.raises(TypeError, match="cls"):
-        register_encoding(NoPE())  # an instance, not a class
-    with pytest.raises(TypeError, match="cls"):
-        register_encoding(dict)
-    with pytest.raises(TypeError, match="name"):
-        register_encoding(Mine, "")
-    with pytest.raises(ValueError, match="rope"):
-        register_encoding(Mine, "rope")  # a built-in name is not overwritten by accident
-
-
-@pytest.mark.parametrize(
-    "name, cls, kwargs",
-    [
-        ("nope", NoPE, {}),
-        ("sinusoidal", Sinusoidal, {}),
-        ("learned", Learned, {"max_positions": 32}),
-        ("rope", Rotary, {"base": 500000.0}),
-        ("alibi", ALiBi, {"mode": "symmetric"}),
-        ("hybrid", Hybrid, {"mix": "alpha", "alpha": 0.25}),
-        ("t5", T5RelativeBias, {"num_buckets": 16}),
-        ("irope", NoPEEvery, {"every": 3}),
-        ("local_global", LocalGlobal, {"window": 64}),
-    ],
-)
-def test_make_encoding_builds_each_class_from_model_sizes(name, cls, kwargs):
-    enc = make_encoding(name, d_model=D_MODEL, n_heads=N_HEADS, **kwargs)
-    assert type(enc) is cls
-    if name in ("rope", "hybrid"):
-        assert enc.rope.head_dim == HEAD_DIM  # derived as d_model // n_heads
-    if name == "rope":
-        assert enc.rope.base == 500000.0
-    if name in ("alibi", "hybrid"):
-        assert enc.n_heads == N_HEADS
-    if name == "learned":
-        assert enc.table.weight.shape == (32, D_MODEL)
 
 
 def test_has_bias_flags():

@@ -23,7 +23,7 @@ import tutorial_pkg as tp
 from benchmarks import suite as bs
 from tutorial_pkg import backends
 from tutorial_pkg import measure as bm
-from tutorial_pkg.encodings.rope_kernels import fast_rope
+from tutorial_pkg.encodings.rope_kernels import rotate_pairs
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -160,7 +160,7 @@ def test_default_rope_is_bit_for_bit_the_three_kernel_form(dtype, shape):
     want[..., half:].addcmul_(xw[..., :half], s)
     want = want.to(dtype)
     with torch.no_grad():
-        assert torch.equal(fast_rope(cos, sin, "half", x)[0], want)
+        assert torch.equal(rotate_pairs(cos, sin, "half", x)[0], want)
         assert torch.equal(rot.rotate(x), want)  # the default path takes it
         if x.dim() == 4:
             assert all(torch.equal(t, want) for t in rot(x, x))  # q and k, as attention calls
@@ -185,10 +185,10 @@ def test_default_rope_gives_the_same_bits_on_every_path():
         for x in (big, big.transpose(0, 1), big[:1, :1, :1024]):
             n = x.shape[-2]
             want = three_kernel(x, cos[:n], sin[:n])
-            assert torch.equal(fast_rope(cos[:n], sin[:n], "half", x)[0], want)
+            assert torch.equal(rotate_pairs(cos[:n], sin[:n], "half", x)[0], want)
             assert torch.equal(rot.rotate(x), want)
         # a broadcast [1, 1, s, d/2] table (attention's positions [1, s]), q and k at once
-        for got in fast_rope(cos[None, None], sin[None, None], "half", big, big[:1]):
+        for got in rotate_pairs(cos[None, None], sin[None, None], "half", big, big[:1]):
             assert torch.equal(got, three_kernel(big[: len(got)], cos, sin))
     x = big.clone().requires_grad_(True)
     out = rot.rotate(x)

@@ -1,5 +1,6 @@
 """The package's layout promises (README "Layout", ../shared/DESIGN.md): small modules, imports
-that point one way, and a public API of what readers use.
+that point one way, a public API of what readers use, and tests that mirror modules (each
+module has its test file, :data:`TESTS_OF`).
 
 These read the source with :mod:`ast`, so they hold for imports inside functions too.
 """
@@ -22,6 +23,81 @@ LAYERS = {
     "experiments": {"encodings", "attention", "models", "measure"},
     "diagnose": {"encodings", "attention"},
 }
+
+
+TESTS = Path(__file__).resolve().parent
+#: The test file of every module of the package, by path inside ``tutorial_pkg/``: one test
+#: file per module, ``test_<module>.py``, but where a file tests a family of modules (the
+#: private backend modules, the subpackages' ``__init__``) or a module's tests kept an older
+#: name (``test_benchmark.py``: measure's ``cases`` and the ``benchmarks/`` suite that uses it).
+#: A module added without its entry, or whose test file is missing, fails
+#: :func:`test_every_module_has_its_test_file`.
+TESTS_OF = {
+    "__init__.py": "test_layout.py",  # the public API (test_public_api_has_what_readers_use)
+    "_checks.py": "test_errors.py",  # bad input, named, across the package
+    "plotting.py": "test_packaging.py",  # an extra: importable only with matplotlib
+    # attention
+    "attention/__init__.py": "test_attention.py",
+    "attention/_caches.py": "test_backends.py",
+    "attention/_flex.py": "test_backends.py",
+    "attention/_kernel_rules.py": "test_backends.py",
+    "attention/_probe.py": "test_backends.py",
+    "attention/backends.py": "test_backends.py",
+    "attention/layer.py": "test_attention.py",
+    "attention/masks.py": "test_masks.py",
+    "attention/positions.py": "test_positions.py",
+    # diagnose
+    "diagnose/__init__.py": "test_diagnose.py",
+    "diagnose/kernel_masks.py": "test_kernel_masks.py",
+    "diagnose/kv_cache_check.py": "test_kv_cache_check.py",
+    "diagnose/reports.py": "test_stored_records.py",  # what a report prints
+    "diagnose/rope_probes.py": "test_rope_probes.py",
+    # encodings
+    "encodings/__init__.py": "test_encodings.py",
+    "encodings/alibi.py": "test_alibi.py",
+    "encodings/builtin.py": "test_encodings.py",
+    "encodings/registry.py": "test_registry.py",
+    "encodings/relative_bias.py": "test_relative_bias.py",
+    "encodings/rope.py": "test_rope.py",
+    "encodings/rope_config.py": "test_rope_config.py",
+    "encodings/rope_kernels.py": "test_rope_kernels.py",
+    "encodings/rope_scaling.py": "test_rope_scaling.py",
+    "encodings/schedules.py": "test_schedules.py",
+    "encodings/sinusoidal.py": "test_sinusoidal.py",
+    # experiments
+    "experiments/__init__.py": "test_experiments.py",
+    "experiments/context_eval.py": "test_context_eval.py",
+    "experiments/data.py": "test_data.py",
+    "experiments/distributed.py": "test_ddp.py",  # run under torchrun
+    "experiments/retrieval.py": "test_retrieval.py",
+    "experiments/stats.py": "test_stats.py",
+    "experiments/tasks.py": "test_tasks.py",
+    "experiments/evaluation.py": "test_experiments.py",
+    "experiments/training.py": "test_experiments.py",
+    # measure
+    "measure/__init__.py": "test_benchmark.py",
+    "measure/cases.py": "test_benchmark.py",
+    "measure/memory.py": "test_memory.py",
+    "measure/records.py": "test_records.py",
+    "measure/timing.py": "test_timing.py",
+    # models
+    "models/__init__.py": "test_model.py",
+    "models/hf.py": "test_hf_loader.py",
+    "models/smollm2.py": "test_smollm2.py",
+    "models/swap.py": "test_swap.py",
+    "models/tiny_lm.py": "test_model.py",
+}
+
+
+def _test_file_problems(package: Path, tests: Path, tests_of: dict[str, str]) -> list[str]:
+    """What breaks "one test file per module": a module of ``package`` without an entry in
+    ``tests_of``, an entry for no module, an entry whose test file is not in ``tests``."""
+    modules = {p.relative_to(package).as_posix() for p in package.rglob("*.py")}
+    problems = [f"{m}: not in TESTS_OF" for m in sorted(modules - set(tests_of))]
+    problems += [f"{m}: in TESTS_OF, but no such module" for m in sorted(set(tests_of) - modules)]
+    problems += [f"{m}: its test file tests/{t} is missing" for m, t in sorted(tests_of.items())
+                 if m in modules and not (tests / t).is_file()]
+    return problems
 
 
 def _dotted(path: Path) -> str:
@@ -164,3 +240,28 @@ def test_readme_tree_lists_every_module_bottom_to_top():
     upward = [(n, m) for n, p in _modules().items() for m in _package_imports(p) - {n}
               if pos[m] > pos[n]]
     assert upward == []
+
+
+def test_every_module_has_its_test_file():
+    assert _test_file_problems(PACKAGE, TESTS, TESTS_OF) == []
+
+
+def test_a_module_added_without_a_test_file_is_reported(tmp_path):
+    """The check above on a copy of the layout: a new module, a module whose test file is
+    gone and an entry left behind by a removed module are each reported."""
+    package, tests = tmp_path / "pkg", tmp_path / "tests"
+    for path in TESTS_OF:
+        (package / path).parent.mkdir(parents=True, exist_ok=True)
+        (package / path).touch()
+    tests.mkdir()
+    for name in set(TESTS_OF.values()):
+        (tests / name).touch()
+    assert _test_file_problems(package, tests, TESTS_OF) == []
+    (package / "measure" / "new_module.py").touch()
+    (tests / "test_timing.py").unlink()
+    (package / "diagnose" / "reports.py").unlink()
+    assert _test_file_problems(package, tests, TESTS_OF) == [
+        "measure/new_module.py: not in TESTS_OF",
+        "diagnose/reports.py: in TESTS_OF, but no such module",
+        "measure/timing.py: its test file tests/test_timing.py is missing",
+    ]

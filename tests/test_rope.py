@@ -1,12 +1,9 @@
 """Tests of tutorial_pkg.encodings.rope: layouts, the complex form, weight conversion, scaling,
-precision."""
+precision. The rotation kernels (rope_kernels) have tests/test_rope_kernels.py."""
 
 from __future__ import annotations
 
-import json
 import math
-import os
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -29,13 +26,9 @@ from tutorial_pkg.encodings.rope import (
     rotate_half,
     scaled_inv_freq,
 )
-from tutorial_pkg.encodings.rope_kernels import fast_rope
 
 PROPERTY = settings(max_examples=25, deadline=None)
 pytestmark = pytest.mark.usefixtures("one_thread")
-# Set TUTORIAL_PKG_SKIP_SLOW=1 to skip the torch.compile tests (inductor codegen, seconds).
-slow = pytest.mark.skipif(os.environ.get("TUTORIAL_PKG_SKIP_SLOW") == "1",
-                          reason="TUTORIAL_PKG_SKIP_SLOW=1")
 
 
 def randn(*shape, seed=0, dtype=torch.float32):
@@ -396,169 +389,6 @@ def test_low_precision_rope_stays_close_to_float32_at_long_positions(dtype):
     assert naive_err > 20 * err
 
 
-# --------------------------------------------------------------------------- fast paths (chapter 5)
-@pytest.mark.parametrize("layout", ["half", "interleaved"])
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
-def test_rotary_fast_path_equals_apply_rope_with_gradients(layout, dtype):
-    gen = torch.Generator().manual_seed(0)
-    rot = RotaryEmbedding(16, layout=layout)
-    x = torch.randn(2, 6, 3, 16, generator=gen).to(dtype).transpose(1, 2)  # like q from MHA
-    x.requires_grad_(True)
-    cos, sin = rot.cos_sin(start=5, length=6)
-    got, want = rot.rotate(x, start=5), apply_rope(x, cos, sin, layout)
-    tol = {torch.bfloat16: 2e-2}.get(dtype, 1e-6)
-    assert got.dtype == dtype and got.shape == x.shape
-    torch.testing.assert_close(got, want, atol=tol, rtol=tol)
-    g = torch.randn(got.shape, generator=gen).to(dtype)
-    (g_got,) = torch.autograd.grad(got, x, g)
-    (g_want,) = torch.autograd.grad(want, x, g)
-    torch.testing.assert_close(g_got, g_want, atol=tol, rtol=tol)
-
-
-def _old_16bit_rope(x, cos, sin):
-    """The default path before issue 25, for 16-bit x: tables rounded to x's dtype,
-    x * [cos, cos] rounded, then -/+ x * sin added and rounded again."""
-    c, s = cos.to(x.dtype), sin.to(x.dtype)
-    half = c.shape[-1]
-    y = x * torch.cat((c, c), dim=-1)
-    y[..., :half].addcmul_(x[..., half:], s, value=-1)
-    y[..., half:].addcmul_(x[..., :half], s)
-    return y
-
-
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-def test_16bit_rope_is_computed_in_float32_and_rounded_once(dtype):
-    """16-bit q/k are rotated in float32 with float32 tables and rounded once: at random
-    positions up to 1e5, at least as close to float64 as the old 16-bit form (three
-    roundings) and as Hugging Face's bf16 apply_rotary_pos_emb, and within one ulp of the
-    correctly rounded rotation (equal to it but where float32 cancellation decides)."""
-    d, half = 64, 32
-    gen = torch.Generator().manual_seed(25)
-    pos = torch.randint(0, 100_001, (4096,), generator=gen)
-    x = torch.randn(2, 4, len(pos), d, generator=gen).to(dtype)  # 4 MiB: the blocked path
-    rope = RotaryEmbedding(d)
-    cos, sin = rope.cos_sin(pos)
-    xd, c, s = x.double(), cos.double(), sin.double()
-    x1, x2 = xd[..., :half], xd[..., half:]
-    ref = torch.cat((x1 * c - x2 * s, x2 * c + x1 * s), -1)  # float64 on the same tables
-    exact = float64_rope(x, pos, d)  # float64 angles too
-    with torch.no_grad():
-        new = rope.rotate(x, pos)
-        assert torch.equal(new, fast_rope(cos, sin, "half", x.transpose(0, 1))[0].transpose(0, 1))
-    old = _old_16bit_rope(x, cos, sin)
-    for target in (ref, exact):
-        err_new, err_old = (new.double() - target).abs(), (old.double() - target).abs()
-        assert err_new.max() <= err_old.max() and err_new.pow(2).mean() < err_old.pow(2).mean()
-    from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
-
-    hf = apply_rotary_pos_emb(x, x, torch.cat((cos, cos), -1)[None].to(dtype),
-                              torch.cat((sin, sin), -1)[None].to(dtype))[0]
-    assert (new.double() - ref).abs().max() <= (hf.double() - ref).abs().max()
-    # one rounding: within one ulp of the correctly rounded value, where a result much
-    # smaller than its two terms (cancellation) may also carry float32's error of them
-    rounded = ref.to(dtype)
-    mant = {torch.bfloat16: 7, torch.float16: 10}[dtype]
-    tiny = torch.finfo(dtype).tiny
-    ulp = torch.exp2(torch.floor(torch.log2(rounded.double().abs().clamp_min(tiny))) - mant)
-    terms = torch.cat(((x1 * c).abs() + (x2 * s).abs(), (x2 * c).abs() + (x1 * s).abs()), -1)
-    off = (new.double() - rounded.double()).abs()
-    assert bool((off <= torch.maximum(ulp, 2.0**-22 * terms)).all())
-    assert (off <= ulp).double().mean() > 0.9999
-    assert (new == rounded).double().mean() > 0.999
-    assert (old == rounded).double().mean() < 0.8  # the old form: a third of them off
-
-
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-def test_16bit_rope_same_bits_blocked_or_not_and_backward_matches_float32(dtype):
-    rot = RotaryEmbedding(64)
-    x = torch.randn(2, 4, 3000, 64).to(dtype)
-    cos, sin = rot.cos_sin(start=0, length=3000)
-    with torch.no_grad():
-        blocked = rot.rotate(x)
-    xg = x.clone().requires_grad_(True)
-    out = rot.rotate(xg)  # autograd: not block by block
-    assert torch.equal(out.detach(), blocked)
-    g = torch.randn(out.shape).to(dtype)
-    (grad,) = torch.autograd.grad(out, xg, g)
-    x32 = x.float().requires_grad_(True)
-    (grad32,) = torch.autograd.grad(rot.rotate(x32), x32, g.float())
-    # the backward runs in float32 too and rounds once: float32's gradient, rounded
-    assert grad.dtype == dtype
-    torch.testing.assert_close(grad.float(), grad32.to(dtype).float(), rtol=0,
-                               atol=torch.finfo(dtype).eps * grad32.abs().max().item())
-    assert (grad == grad32.to(dtype)).double().mean() > 0.999
-
-
-def test_16bit_rope_function_gradcheck_in_float64():
-    # the ops of the unblocked 16-bit path (_rope_half_upcast), run in float64
-    from tutorial_pkg.encodings.rope_kernels import _rope_half_upcast
-
-    rot = RotaryEmbedding(8)
-    cos, sin = (t.double() for t in rot.cos_sin(start=3, length=5))
-    x = randn(2, 5, 8, seed=17, dtype=torch.float64).requires_grad_(True)
-    assert torch.autograd.gradcheck(lambda t: _rope_half_upcast(t, cos, sin), (x,))
-    torch.testing.assert_close(_rope_half_upcast(x, cos, sin), apply_rope(x, cos, sin))
-
-
-def test_rotary_pair_equals_two_rotations():
-    rot = RotaryEmbedding(16)
-    q, k = torch.randn(2, 4, 5, 16), torch.randn(2, 2, 5, 16)
-    pos = torch.tensor([3, 4, 5, 6, 7])
-    for q_pos, k_pos in ((None, None), (pos, pos), (pos, pos.flip(0))):
-        got = rot(q, k, q_pos, k_pos)
-        want = (rot.rotate(q, q_pos), rot.rotate(k, k_pos))
-        for g, w in zip(got, want, strict=True):
-            torch.testing.assert_close(g, w)
-    with pytest.raises(ValueError, match="k must be"):
-        rot(q, torch.randn(2, 2, 5, 8))
-
-
-def test_rotary_partial_rotation_takes_the_reference_path():
-    rot = RotaryEmbedding(16, rotary_dim=8)
-    x = torch.randn(1, 2, 5, 16)
-    cos, sin = rot.cos_sin(start=0, length=5)
-    torch.testing.assert_close(rot.rotate(x), apply_rope(x, cos, sin))
-    assert torch.equal(rot.rotate(x)[..., 8:], x[..., 8:])
-
-
-@slow
-def test_fused_rope_equals_eager():
-    # compiles one small elementwise kernel (a few seconds cold)
-    fused, eager = RotaryEmbedding(16, fused=True), RotaryEmbedding(16)
-    assert "fused=True" in repr(fused) and "fused" not in repr(eager)
-    for dtype, tol in ((torch.float32, 1e-6), (torch.bfloat16, 4e-2)):
-        x, k = torch.randn(2, 3, 7, 16).to(dtype), torch.randn(2, 1, 7, 16).to(dtype)
-        got = fused.rotate(x, start=2)
-        assert got.dtype == dtype
-        torch.testing.assert_close(got, eager.rotate(x, start=2), atol=tol, rtol=tol)
-        for got, want in zip(fused(x, k, start=2), eager(x, k, start=2), strict=True):  # q, k
-            torch.testing.assert_close(got, want, atol=tol, rtol=tol)
-    with pytest.raises(TypeError, match="fused"):
-        RotaryEmbedding(16, fused=1)
-
-
-@slow
-def test_fused_rope_positions_scaling_and_gradients():
-    # the fused path keeps its own cast cos/sin table per dtype: it must follow explicit
-    # positions, a change of scaling and cache growth, and it must train like the eager one
-    fused, eager = RotaryEmbedding(16, fused=True), RotaryEmbedding(16)
-    x, k = torch.randn(2, 3, 5, 16), torch.randn(2, 3, 5, 16)
-    pos = torch.tensor([7, 0, 300, 2, 2])  # 300 grows the cache past its first 256 rows
-    torch.testing.assert_close(fused.rotate(x, pos), eager.rotate(x, pos))
-    for rope in (fused, eager):
-        rope.set_scaling({"type": "linear", "factor": 4.0})
-    torch.testing.assert_close(fused.rotate(x, start=3), eager.rotate(x, start=3))
-    torch.testing.assert_close(fused.rotate(x, pos), eager.rotate(x, pos))
-    grads = []
-    for rope in (fused, eager):
-        xq, xk = x.clone().requires_grad_(), k.clone().requires_grad_()
-        q_rot, k_rot = rope(xq, xk, start=1)
-        (q_rot * k_rot.flip(-1)).sum().backward()
-        grads.append((xq.grad, xk.grad))
-    for got, want in zip(*grads, strict=True):
-        torch.testing.assert_close(got, want)
-
-
 # --------------------------------------------------------------------------- HF's tables
 def _hf_tables(s: int, r: int, base: float = 10_000.0):
     """Hugging Face's form: ``[b, 1, s, r]``, the ``r/2`` angles twice (cat(freqs, freqs))."""
@@ -588,49 +418,3 @@ def test_apply_rope_accepts_tables_with_equal_halves_that_do_not_rotate():
     x = torch.randn(1, 1, 1, 16)
     cos, sin = torch.ones(1, 8), torch.zeros(1, 8)
     torch.testing.assert_close(apply_rope(x, cos, sin), x)
-
-
-# --------------------------------------------------------------------------- the speed record
-SPEED_RECORD = Path(__file__).resolve().parents[1] / "book" / "data" / "rope_speed_cpu.json"
-
-
-def test_rope_speed_cases_compute_the_rotation():
-    # the benchmark's cases, on a small shape: each returns q and k rotated as apply_rope does
-    from benchmarks.rope_speed import REFERENCE, rope_cases
-
-    b, h, s, d = 1, 2, 16, 8
-    cases = rope_cases((b, h, s, d), torch.float64)
-    gen = torch.Generator().manual_seed(s)  # the cases' own inputs
-    q, k = (torch.randn(b, h, s, d, generator=gen).to(torch.float64) for _ in range(2))
-    cos, sin = cos_sin(s, d)
-    want = (apply_rope(q, cos, sin), apply_rope(k, cos, sin))
-    assert {REFERENCE, "rotate (attention)", "rotate", "apply_rope"} <= set(cases)
-    for name, call in cases.items():
-        got = call()
-        expected = (q, k) if name == REFERENCE else want
-        for g, w in zip(got, expected, strict=True):
-            torch.testing.assert_close(g, w, msg=name)
-
-
-def test_rope_speed_record_is_well_formed_and_states_ratios():
-    """The recorded run (benchmarks/rope_speed.py): where it ran, how busy the machine was,
-    and per dtype each case's ratio to the copy of q and k with its range over rounds."""
-    from tutorial_pkg.measure.cases import load_results
-
-    hardware, records = load_results(SPEED_RECORD)
-    for key in ("cpu", "torch", "date", "loadavg", "loadavg_end", "malloc", "command"):
-        assert hardware.get(key) is not None, key
-    assert hardware["num_threads"] == 1
-    summary = json.loads(SPEED_RECORD.read_text(encoding="utf-8"))["summary"]
-    assert set(summary) == {"float32", "bfloat16"}
-    for dtype, cases in summary.items():
-        group = [r for r in records if r.params["dtype"] == dtype]
-        assert {r.reference for r in group} == {"copy q,k"}
-        assert {"copy q,k", "rotate (attention)", "rotate", "apply_rope",
-                "hf apply_rotary_pos_emb"} <= set(cases)
-        for r in group:
-            assert r.ok and len(r.round_ratios) >= 3, (dtype, r.case)
-            stated = cases[r.case]
-            assert stated["ratio"] == pytest.approx(r.ratio, abs=1e-3)
-            assert stated["round_min"] <= stated["ratio"] <= stated["round_max"]
-        assert cases["copy q,k"]["ratio"] == 1.0

@@ -16,8 +16,8 @@ They are the same rotation up to a fixed permutation of the feature axis;
 :func:`interleaved_to_half` / :func:`half_to_interleaved` permute q/k projection
 weights from one to the other (what Hugging Face's Llama conversion script does).
 
-Angles are always computed in float32 (or float64 on request); only the final
-``cos``/``sin`` values are cast to the dtype of q/k.
+Angles are always computed in float32 (or float64 on request), and so is the rotation of
+16-bit q/k, rounded once to their dtype at the end.
 
 Shapes: q and k are ``[b, H, s, d]`` (the layout of
 ``torch.nn.functional.scaled_dot_product_attention``).
@@ -26,7 +26,8 @@ Where things live: the scaling rules and
 :func:`~tutorial_pkg.encodings.rope_scaling.scaled_inv_freq` in
 :mod:`tutorial_pkg.encodings.rope_scaling`; reading a Hugging Face config in
 :mod:`tutorial_pkg.encodings.rope_config` (which :meth:`RotaryEmbedding.from_config` calls);
-the fast paths :class:`RotaryEmbedding` runs in :mod:`tutorial_pkg.encodings.rope_kernels`.
+the rotation every caller runs, :func:`~tutorial_pkg.encodings.rope_kernels.rotate_pairs`, in
+:mod:`tutorial_pkg.encodings.rope_kernels` (``_rope`` here is its spec).
 """
 
 from __future__ import annotations
@@ -45,7 +46,7 @@ from .._checks import (
     values_readable,
 )
 from .rope_config import LAYOUTS, read_rope_config
-from .rope_kernels import fast_rope, fused_rope
+from .rope_kernels import fused_rope, rotate_pairs
 from .rope_scaling import (  # noqa: F401  (ROPE_SCALINGS re-exported)
     ROPE_SCALINGS,
     depends_on_length,
@@ -141,22 +142,30 @@ def apply_rope(
         layout: ``"half"`` (pairs ``i, i + r/2``) or ``"interleaved"`` (``2i, 2i+1``).
 
     Returns:
-        Tensor of ``x``'s shape and dtype.
+        Tensor of ``x``'s shape and dtype: the rotation computed in float32 at least (16-bit
+        ``x`` upcast, the tables never rounded) and rounded once, by
+        :func:`~tutorial_pkg.encodings.rope_kernels.rotate_pairs`, the code
+        :class:`RotaryEmbedding` runs (the same bits).
     """
+    check_choice("layout", layout, LAYOUTS)
     check_float_tensor("x", x)  # an integer x would silently truncate cos/sin to 0/1
     _check_cos_sin(x, cos, sin)
     _refuse_hf_tables(cos, sin)
-    return _rope(x, cos, sin, layout)
+    return rotate_pairs(cos, sin, layout, x)[0]
 
 
 def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: str) -> torch.Tensor:
-    """:func:`apply_rope` on checked arguments (the package's own tables), no checks."""
+    """The rotation as the math reads: the spec :func:`apply_rope` is tested against.
+
+    Pairs ``(x1, x2)`` become ``(x1 cos - x2 sin, x2 cos + x1 sin)``, computed in float32
+    at least (16-bit ``x`` is upcast, the tables are not rounded) and rounded once to
+    ``x``'s dtype; features past the ``r = 2 * cos.shape[-1]`` rotated ones pass through.
+    No checks.
+    """
+    work = torch.promote_types(x.dtype, torch.float32)
     half = cos.shape[-1]
-    rot = 2 * half
-    # Cast the (fp32-computed) cos/sin once to x's dtype: the product then runs in
-    # x's dtype, as Hugging Face does; the angles themselves were never rounded.
-    c, s = cos.to(x.dtype), sin.to(x.dtype)
-    x_rot, x_pass = x[..., :rot], x[..., rot:]
+    x_rot, x_pass = x[..., : 2 * half].to(work), x[..., 2 * half :]
+    c, s = cos.to(work), sin.to(work)
     if layout == "half":
         x1, x2 = x_rot[..., :half], x_rot[..., half:]
         out = torch.cat((x1 * c - x2 * s, x2 * c + x1 * s), dim=-1)
@@ -165,9 +174,7 @@ def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: str) ->
         out = torch.stack((x1 * c - x2 * s, x2 * c + x1 * s), dim=-1).flatten(-2)
     else:
         check_choice("layout", layout, LAYOUTS)
-    if x_pass.shape[-1]:
-        out = torch.cat((out, x_pass), dim=-1)
-    return out
+    return torch.cat((out.to(x.dtype), x_pass), dim=-1)
 
 
 _HF_TABLES = ("Hugging Face's rotary tables are [b, s, r] with the halves duplicated "
@@ -354,8 +361,9 @@ class RotaryEmbedding(nn.Module):
             (Triton on GPU), else it warns and stays eager. Equal to the eager path up
             to rounding (each element computed in float32, rounded once).
 
-    :meth:`rotate` and :meth:`forward` compute what :func:`apply_rope` computes, up
-    to rounding, with :func:`~tutorial_pkg.encodings.rope_kernels.fast_rope` (full rotary).
+    :meth:`rotate` and :meth:`forward` run the code :func:`apply_rope` runs
+    (:func:`~tutorial_pkg.encodings.rope_kernels.rotate_pairs`), so they give its bits; only
+    ``fused=True`` rounds differently.
 
     Raises:
         ValueError: naming an argument that is out of range.
@@ -558,17 +566,14 @@ class RotaryEmbedding(nn.Module):
     def _rotate(self, tables, *xs: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """Rotate tensors of one dtype and device by the ``(cos, sin, rows)`` of
         :meth:`_tables`: fused (one compiled call on the stacked tables in their dtype),
-        else the eager kernels (:func:`_rope` for partial rotary)."""
+        else :func:`~tutorial_pkg.encodings.rope_kernels.rotate_pairs`."""
         cos, sin, rows = tables
         x = xs[0]
         if self.fused and self.layout == "half" and self.rotary_dim == self.head_dim:
             out = fused_rope(torch.stack((cos, sin), dim=-2).to(x.device, x.dtype), *xs)
             if out is not None:
                 return out
-        cos, sin = cos.to(x.device), sin.to(x.device)
-        if self.rotary_dim == self.head_dim:
-            return fast_rope(cos, sin, self.layout, *xs)
-        return tuple(_rope(t, cos, sin, self.layout) for t in xs)
+        return rotate_pairs(cos.to(x.device), sin.to(x.device), self.layout, *xs)
 
     def rotate(
         self, x: torch.Tensor, positions=None, *, start: int = 0, check_positions: bool = True

@@ -1,30 +1,31 @@
-"""Fast RoPE kernels: what :class:`~tutorial_pkg.encodings.rope.RotaryEmbedding` runs. Chapter 5.
+"""The RoPE rotation as it runs: :func:`rotate_pairs`, and the compiled kernel. Chapters 2, 5.
 
-:func:`~tutorial_pkg.encodings.rope.apply_rope` is the readable form of the rotation. The
-functions here compute the same rotation in fewer passes over memory, for full
-rotary (``2 * cos.shape[-1] == x.shape[-1]``); they take checked arguments and
-check nothing themselves:
+:func:`~tutorial_pkg.encodings.rope.apply_rope`,
+:class:`~tutorial_pkg.encodings.rope.RotaryEmbedding` and every encoding that rotates call
+:func:`rotate_pairs`; ``rope._rope`` is the spec it is tested against (the pair rotation
+computed in float32 at least, rounded once to ``x``'s dtype; the fast forms may fuse a
+product into a sum, one rounding fewer). It takes checked arguments and checks nothing
+itself. Per layout and dtype it picks the form with the fewest passes over memory:
 
-* :func:`fast_rope`, the default path: the *three-kernel form* ``out = x * [cos, cos]``,
-  then ``out[..., :r/2] -= x2 * sin`` and ``out[..., r/2:] += x1 * sin`` in place on
-  the fresh output (half layout). On a CPU, for a large contiguous ``x`` without
-  autograd, it runs block by block (the same roundings per element, in whole rows) so
-  that ``x`` and the output cross memory about once. The interleaved layout in
-  float32/float64 is one complex multiplication (Meta's form); otherwise the
-  three-kernel form on strided views. In the half layout the result has the same bits
-  whether or not it runs block by block. **16-bit** ``x`` (bfloat16, float16) is
-  rotated in float32 with float32 tables (each block upcast, ``x * [cos, cos] +
-  [x2, x1] * [-sin, sin]`` in float32, one rounding to ``x``'s dtype at the end): the
-  exact rotation rounded once, up to float32 error (rounding the tables and the two
-  partial results to 16 bits instead gives up to about 2 ulps).
-* :func:`fused_rope`, opt-in (``RotaryEmbedding(fused=True)``): one
-  ``torch.compile``-d kernel for the half layout, each element computed in float32
-  and rounded once (so not always the same bits as :func:`fast_rope` in 16-bit dtypes).
-  Where compiling fails (no C++ compiler, unsupported platform) it warns once and
-  returns ``None``; the caller falls back to :func:`fast_rope`.
+* **half layout** (pairs ``i, i + r/2``): the *three-kernel form* ``out = x * [cos, cos]``,
+  then ``out[..., :r/2] -= x2 * sin`` and ``out[..., r/2:] += x1 * sin`` in place on the
+  fresh output (``addcmul_`` may fuse its product into the sum). On a CPU, for a large
+  contiguous ``x`` without autograd, it runs block by block (whole ``[s, d]`` slices, or
+  rows of one) so that ``x`` and the output cross memory about once; same bits.
+* **interleaved layout** (pairs ``2i, 2i + 1``) in float32/float64: one complex
+  multiplication (Meta's form); elsewhere the three-kernel form on strided views.
+* **16-bit x** (bfloat16, float16): the same forms in float32, with float32 tables, and
+  one rounding to ``x``'s dtype at the end (each block upcast on the blocked path).
+* **partial rotary** (``2 * cos.shape[-1] < x.shape[-1]``): the first ``r`` features are
+  rotated, the rest copied.
 
-Shapes: ``x`` is ``[..., s, d]``; ``cos``/``sin`` are ``[s, d/2]`` or broadcastable
-(e.g. ``[b, 1, s, d/2]``), any floating dtype (they are cast to ``x``'s).
+:func:`fused_rope` (``RotaryEmbedding(fused=True)``) is one ``torch.compile``-d kernel for
+the half layout, each element computed in float32 and rounded once. Where compiling fails
+(no C++ compiler, unsupported platform) it warns once and returns ``None``; the caller
+falls back to :func:`rotate_pairs`.
+
+Shapes: ``x`` is ``[..., s, d]``; ``cos``/``sin`` are ``[s, r/2]`` or broadcastable (e.g.
+``[b, 1, s, r/2]``), any floating dtype (they are cast to the compute dtype).
 """
 
 from __future__ import annotations
@@ -33,52 +34,60 @@ import warnings
 
 import torch
 
-__all__ = ["BLOCK_BYTES", "fast_rope", "fused_rope"]
+__all__ = ["BLOCK_BYTES", "rotate_pairs", "fused_rope"]
 
 #: Bytes of ``x`` per block of the blocked CPU rotation: large enough that the kernel
 #: calls per block cost little next to their work, small enough that the block's output
-#: (and swapped copy) are still in cache for the second and third kernel.
+#: (and its float32 scratch, for 16-bit ``x``) are still in cache for the later passes.
 BLOCK_BYTES = 512 * 1024
 
 
-def fast_rope(cos: torch.Tensor, sin: torch.Tensor, layout: str,
-              *xs: torch.Tensor) -> tuple[torch.Tensor, ...]:
-    """Rotate all features of each of ``xs`` (full rotary); equal to ``apply_rope`` up to
-    rounding.
+def rotate_pairs(cos: torch.Tensor, sin: torch.Tensor, layout: str,
+                 *xs: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """Rotate the first ``r = 2 * cos.shape[-1]`` features of each of ``xs``.
 
     Args:
-        cos: ``[s, d/2]`` (or broadcastable to ``x[..., : d/2]``).
+        cos: ``[s, r/2]`` (or broadcastable to ``x[..., : r/2]``).
         sin: same shape as ``cos``.
         layout: ``"half"`` or ``"interleaved"`` (not checked).
-        xs: ``x`` or ``q, k``: ``[..., s, d]`` floating tensors of one dtype and device.
-            The tables are cast (and, block by block, laid out) once for all of them.
+        xs: ``x`` or ``q, k``: ``[..., s, d]`` floating tensors of one dtype and device,
+            ``d >= r``. The tables are cast (and, block by block, laid out) once for all.
 
     Returns:
         New tensors of the shapes and dtype of ``xs``; they keep autograd (the in-place
         updates touch only the fresh outputs, which no backward formula saved).
     """
-    dtype = xs[0].dtype
     # 16-bit x is computed in float32 (tables too) and rounded once at the end
-    c, s = (t.to(_compute_dtype(dtype)) for t in (cos, sin))
-    half = c.shape[-1]
-    blocks: dict = {}  # (s, d) -> the tables cut into blocks, shared by q and k
+    c, s = (t.to(_compute_dtype(xs[0].dtype)) for t in (cos, sin))
+    rot = 2 * c.shape[-1]
+    shared: dict = {}  # tables laid out once for q and k: blocks per (s, d), complex
     out = []
     for x in xs:
-        if layout != "half":
-            out.append(_rope_interleaved(x, c, s))
-        elif _blockable(x, c):
-            key = x.shape[-2:]
-            if key not in blocks:
-                blocks[key] = _block_tables(x, c, s)
-            out.append(_rope_half_blocked(x, *blocks[key]))
-        elif x.dtype != c.dtype:  # 16-bit: the blocked form's ops on all of x at once
-            out.append(_rope_half_upcast(x, c, s))
+        if rot < x.shape[-1]:  # partial rotary: the other features pass through
+            out.append(torch.cat((_rotate(x[..., :rot], c, s, layout, shared), x[..., rot:]),
+                                 dim=-1))
         else:
-            y = x * torch.cat((c, c), dim=-1)
-            y[..., :half].addcmul_(x[..., half:], s, value=-1)
-            y[..., half:].addcmul_(x[..., :half], s)
-            out.append(y)
+            out.append(_rotate(x, c, s, layout, shared))
     return tuple(out)
+
+
+def _rotate(x: torch.Tensor, c: torch.Tensor, s: torch.Tensor, layout: str,
+            shared: dict) -> torch.Tensor:
+    """All features of ``x`` rotated, tables already in the compute dtype."""
+    if layout != "half":
+        return _rope_interleaved(x, c, s, shared)
+    if _blockable(x, c):
+        key = x.shape[-2:]
+        if key not in shared:
+            shared[key] = _block_tables(x, c, s)
+        return _rope_half_blocked(x, *shared[key])
+    if x.dtype != c.dtype:  # 16-bit: the blocked form's ops on all of x at once
+        return _rope_half_upcast(x, c, s)
+    half = c.shape[-1]
+    y = x * torch.cat((c, c), dim=-1)
+    y[..., :half].addcmul_(x[..., half:], s, value=-1)
+    y[..., half:].addcmul_(x[..., :half], s)
+    return y
 
 
 def _rope_half_upcast(x: torch.Tensor, c: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
@@ -96,9 +105,10 @@ def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
 
 
-def _rope_interleaved(x: torch.Tensor, c: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
+def _rope_interleaved(x: torch.Tensor, c: torch.Tensor, s: torch.Tensor,
+                      shared: dict) -> torch.Tensor:
     if x.dtype != c.dtype:  # 16-bit x: in float32 (c, s are), one rounding at the end
-        return _rope_interleaved(x.to(c.dtype), c, s).to(x.dtype)
+        return _rope_interleaved(x.to(c.dtype), c, s, shared).to(x.dtype)
     half = c.shape[-1]
     pairs = x.unflatten(-1, (half, 2))
     if (
@@ -107,7 +117,9 @@ def _rope_interleaved(x: torch.Tensor, c: torch.Tensor, s: torch.Tensor) -> torc
         and pairs.storage_offset() % 2 == 0
         and all(st % 2 == 0 for st in pairs.stride()[:-1])
     ):
-        rotated = torch.view_as_complex(pairs) * torch.complex(c, s)
+        if "cis" not in shared:
+            shared["cis"] = torch.complex(c, s)  # e^{i m theta}, built once for q and k
+        rotated = torch.view_as_complex(pairs) * shared["cis"]
         return torch.view_as_real(rotated).flatten(-2)
     out = x * torch.stack((c, c), dim=-1).flatten(-2)
     out[..., 0::2].addcmul_(x[..., 1::2], s, value=-1)
@@ -158,9 +170,9 @@ def _rope_half_blocked(x: torch.Tensor, per_slice: int, step: int, cos_blocks,
     then ``- x2 * sin`` added), so the same bits.
 
     16-bit ``x`` (float32 tables): per block, ``x`` upcast into a float32 scratch block,
-    its halves swapped into a second one, ``xf * [cos, cos]`` and ``+= [x2, x1] * [-sin,
-    sin]`` (one ``addcmul_`` over whole rows) in float32, and one rounding on the copy
-    into the output: the ops of the unblocked 16-bit form, so the same bits.
+    its halves swapped into a second one, ``xf * [cos, cos]``, then ``+ [x2, x1] * [-sin,
+    sin]`` (one ``addcmul`` over whole rows) in float32, written into the 16-bit output
+    (one rounding): the ops of the unblocked 16-bit form, so the same bits.
     """
     seq, dim = x.shape[-2], x.shape[-1]
     half = dim // 2
@@ -181,8 +193,8 @@ def _rope_half_blocked(x: torch.Tensor, per_slice: int, step: int, cos_blocks,
             xf.copy_(xb)
             torch.cat((xf[..., half:], xf[..., :half]), dim=-1, out=swapped)
             xf.mul_(cos_blocks[i % n_pos])
-            xf.addcmul_(swapped, sin_blocks[i % n_pos])
-            ob.copy_(xf)
+            # computed in float32, rounded once on the store into the 16-bit output
+            torch.addcmul(xf, swapped, sin_blocks[i % n_pos], out=ob)
         return out
     x1_blocks, x2_blocks = blocks(xs[..., :half]), blocks(xs[..., half:])
     x_blocks = blocks(xs)

@@ -4,6 +4,7 @@
 module              holds (chapter)
 ==================  ==============================================================
 ``data``            the offline corpus (``corpus/``), byte tokenizer, batching (7)
+``evaluation``      perplexity by length; the loop every evaluation shares (7)
 ``training``        train at one length, evaluate at many (7)
 ``context_eval``    fixed-target evaluation: the same targets, only the context grows (7)
 ``retrieval``       the copy test past the training length (7)

@@ -23,25 +23,12 @@ from collections.abc import Sequence
 
 import torch
 
-from .._checks import check_choice, check_nonneg_int, check_positive_int, check_positive_ints
+from .._checks import check_nonneg_int, check_positive_int, check_positive_ints
 from ..models.tiny_lm import TinyLM
+from .evaluation import check_evaluation, evaluation_blocks, nll_by_length
 from .stats import bootstrap_interval
-from .training import (
-    SCALING_TYPES,
-    check_scalable,
-    evaluation_blocks,
-    position_limit,
-    scaled_rope,
-    scaling_for,
-    token_nll,
-)
 
 __all__ = ["fixed_target_windows", "evaluate_fixed_targets", "all_token_perplexity"]
-
-
-class _NoBar:
-    def update(self, n: int) -> None:
-        pass
 
 
 def fixed_target_windows(
@@ -84,16 +71,12 @@ def _interval(per_block: torch.Tensor, seed: int) -> dict:
 
 
 def _prepare(model, train_len, multiples, scaling, batch_tokens, seed):
-    if not isinstance(model, TinyLM):
-        raise TypeError(f"model must be a TinyLM, got {type(model).__name__}")
-    check_positive_int("train_len", train_len)
-    multiples = check_positive_ints("multiples", multiples)
-    if scaling is not None:
-        check_choice("scaling", scaling, SCALING_TYPES)
-        check_scalable(model)
-    check_positive_int("batch_tokens", batch_tokens)
+    multiples = check_evaluation(model, train_len, multiples, scaling, batch_tokens)
     check_nonneg_int("seed", seed)
     return multiples
+
+
+_MEASURES = {"nll": None, "ppl": None, "ppl_low": None, "ppl_high": None, "nll_by_block": None}
 
 
 @torch.no_grad()
@@ -140,33 +123,17 @@ def evaluate_fixed_targets(
         raise ValueError(f"target_len ({t}) must be <= train_len ({train_len})")
     lengths = [m * train_len for m in multiples]
     windows = fixed_target_windows(heldout_ids, lengths, t, n_blocks)
-    name = encoding_name or model.encoding.name
-    device = next(model.parameters()).device
-    limit = position_limit(model)
-    was_training = model.training
-    model.eval()
     records = []
-    try:
-        for m, n in zip(multiples, lengths, strict=True):
-            rule = scaling_for(scaling, n, train_len)
-            record = {"encoding": name, "scaling": scaling or "none",
-                      "factor": None if rule is None else rule["factor"],
-                      "train_len": train_len, "eval_len": n, "ratio": m, "context_len": n - t,
-                      "target_len": t, "n_blocks": n_blocks, "n_tokens": n_blocks * t,
-                      "nll": None, "ppl": None, "ppl_low": None, "ppl_high": None,
-                      "nll_by_block": None, "note": ""}
-            if limit is not None and n > limit:
-                record["note"] = f"cannot represent positions >= {limit}"
-                records.append(record)
-                continue
-            x, y = windows[n]
-            with scaled_rope(model, rule):
-                nll = token_nll(model, x, y, max(1, batch_tokens // n), device, amp, _NoBar())
+    for record, nll in nll_by_length(model, train_len, multiples, scaling, windows.__getitem__,
+                                     batch_tokens=batch_tokens, amp=amp,
+                                     encoding_name=encoding_name):
+        note = record.pop("note")
+        record.update(context_len=record["eval_len"] - t, target_len=t, n_blocks=n_blocks,
+                      n_tokens=n_blocks * t, **_MEASURES, note=note)
+        if nll is not None:
             per_block = nll[:, -t:].mean(dim=1)
             record.update(_interval(per_block, seed), nll_by_block=per_block.tolist())
-            records.append(record)
-    finally:
-        model.train(was_training)
+        records.append(record)
     return records
 
 
@@ -202,35 +169,20 @@ def all_token_perplexity(
     longest = max(multiples) * train_len
     x_blocks, y_blocks = evaluation_blocks(heldout_ids, longest, eval_tokens)
     n_blocks = x_blocks.shape[0]
-    name = encoding_name or model.encoding.name
-    device = next(model.parameters()).device
-    limit = position_limit(model)
-    was_training = model.training
-    model.eval()
     records = []
-    try:
-        for m in multiples:
-            n = m * train_len
-            rule = scaling_for(scaling, n, train_len)
-            record = {"encoding": name, "scaling": scaling or "none",
-                      "factor": None if rule is None else rule["factor"],
-                      "train_len": train_len, "eval_len": n, "ratio": m,
-                      "n_windows": x_blocks.numel() // n, "n_tokens": x_blocks.numel(),
-                      "nll": None, "ppl": None, "ppl_low": None, "ppl_high": None,
-                      "nll_by_block": None, "note": ""}
-            if limit is not None and n > limit:
-                record.update(n_windows=0, n_tokens=0,
-                              note=f"cannot represent positions >= {limit}")
-                records.append(record)
-                continue
-            with scaled_rope(model, rule):
-                nll = token_nll(model, x_blocks.reshape(-1, n), y_blocks.reshape(-1, n),
-                                 max(1, batch_tokens // n), device, amp, _NoBar())
+    for record, nll in nll_by_length(
+        model, train_len, multiples, scaling,
+        lambda n: (x_blocks.reshape(-1, n), y_blocks.reshape(-1, n)),
+        batch_tokens=batch_tokens, amp=amp, encoding_name=encoding_name,
+    ):
+        note = record.pop("note")
+        measured = nll is not None
+        record.update(n_windows=x_blocks.numel() // record["eval_len"] if measured else 0,
+                      n_tokens=x_blocks.numel() if measured else 0, **_MEASURES, note=note)
+        if measured:
             per_block = nll.reshape(n_blocks, longest).mean(dim=1)
             record.update(_interval(per_block, seed), nll_by_block=per_block.tolist())
             record["nll"] = nll.mean().item()  # the exact mean over all tokens
             record["ppl"] = math.exp(record["nll"])
-            records.append(record)
-    finally:
-        model.train(was_training)
+        records.append(record)
     return records
