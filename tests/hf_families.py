@@ -111,6 +111,12 @@ GEMMA3 = Family("gemma3", "gemma3", "Gemma3TextConfig", "Gemma3RotaryEmbedding",
                      "sliding_attention": {"rope_type": "default", "rope_theta": 10_000.0},
                      "full_attention": {"rope_type": "linear", "factor": 8.0,
                                         "rope_theta": 1_000_000.0}}})
+#: Gemma 2: a soft-capping cap small enough that tanh bends the tiny model's scores.
+GEMMA2 = Family("gemma2", "gemma2", "Gemma2Config", "Gemma2RotaryEmbedding", "half",
+                {**TINY, "hidden_size": 32, "num_attention_heads": 4, "num_key_value_heads": 2,
+                 "head_dim": 16, "query_pre_attn_scalar": 24, "sliding_window": 4,
+                 "attn_logit_softcapping": 0.5, "num_hidden_layers": 1,
+                 "layer_types": ["full_attention"]})
 GEMMA4 = Family("gemma4", "gemma4", "Gemma4TextConfig", "Gemma4TextRotaryEmbedding", "gemma4",
                 {**TINY, "hidden_size": 32, "num_attention_heads": 4, "num_key_value_heads": 2,
                  "head_dim": 16, "global_head_dim": 32, "sliding_window": 4,

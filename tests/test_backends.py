@@ -4,6 +4,7 @@ fallback, the kernel rules tests switch, the caches; and the KV cache's public c
 from __future__ import annotations
 
 import inspect
+import math
 import warnings
 
 import pytest
@@ -196,3 +197,119 @@ def test_kv_cache_update_has_no_default_positions_switch():
     layer_cache = KVCache()
     MultiHeadAttention(32, H)(torch.randn(1, 3, 32), kv_cache=layer_cache)
     assert layer_cache.default_positions and layer_cache.length == 3
+
+
+# --------------------------------------------------------------------------- softcap, sinks
+def _hf_mask(pad: torch.Tensor, s: int, dtype=torch.float32) -> torch.Tensor:
+    """Hugging Face's additive 4-D mask: causal and key padding, finfo.min where hidden."""
+    keep = torch.ones(s, s, dtype=torch.bool).tril()[None, None] & ~pad[:, None, None, :]
+    return torch.zeros(keep.shape, dtype=dtype).masked_fill(~keep, torch.finfo(dtype).min)
+
+
+def _shaped_case(seed=0, b=2, h=4, h_kv=2, s=20, d=16):
+    gen = torch.Generator().manual_seed(seed)
+    q = torch.randn(b, h, s, d, generator=gen)
+    k, v = (torch.randn(b, h_kv, s, d, generator=gen) for _ in range(2))
+    pad = torch.zeros(b, s, dtype=torch.bool)
+    if b > 1:
+        pad[1, :5] = True  # row 1 left-padded
+    return q, k, v, pad
+
+
+class _HFModule(torch.nn.Module):
+    def __init__(self, h, h_kv, d, sinks=None):
+        super().__init__()
+        self.num_key_value_groups, self.head_dim = h // h_kv, d
+        self.sinks = sinks
+
+
+@pytest.mark.parametrize("backend", ["naive", "sdpa", "auto", "flex"])
+@pytest.mark.parametrize("kind", ["softcap", "sinks", "both"])
+def test_softcap_and_sinks_equal_hugging_face_eager_attention(backend, kind):
+    """Gemma 2's soft-capping and gpt-oss's sinks, held to transformers' own
+    eager_attention_forward of each family, causal with a left-padded row (the rows that
+    keep a key), for every backend: exact in naive and flex, sdpa warning and computing
+    naive, auto computing naive."""
+    from transformers.models.gemma2.modeling_gemma2 import eager_attention_forward as gemma2
+    from transformers.models.gpt_oss.modeling_gpt_oss import eager_attention_forward as gpt_oss
+
+    q, k, v, pad = _shaped_case()
+    b, h, s, d = q.shape
+    cap = 2.0 if kind in ("softcap", "both") else None
+    layer = MultiHeadAttention(h * d, h, n_kv_heads=k.shape[1], backend=backend,
+                               softcap=cap, sinks=kind in ("sinks", "both"))
+    if layer.sinks is not None:
+        with torch.no_grad():
+            layer.sinks.copy_(torch.linspace(-1.0, 2.0, h))
+    mask = _hf_mask(pad, s)
+    module = _HFModule(h, k.shape[1], d, layer.sinks)
+    with torch.no_grad():
+        if kind == "softcap":
+            want, _ = gemma2(module, q, k, v, mask, scaling=d**-0.5, softcap=cap)
+        elif kind == "sinks":
+            want, _ = gpt_oss(module, q, k, v, mask, scaling=d**-0.5)
+        else:  # no family has both: the scores capped as Gemma 2's, then gpt-oss's softmax
+            scores = (q @ k.repeat_interleave(2, dim=1).transpose(-2, -1)) * d**-0.5
+            scores = cap * torch.tanh(scores / cap) + mask
+            sink = layer.sinks.view(1, -1, 1, 1).expand(b, h, s, 1)
+            weights = torch.cat((scores, sink), -1).softmax(-1)[..., :-1]
+            want = (weights @ v.repeat_interleave(2, dim=1)).transpose(1, 2)
+    with torch.no_grad(), warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        got = layer.attend(q, k, v, key_padding_mask=pad)
+    shaped = [w for w in caught if "falls back to naive" in str(w.message)]
+    assert bool(shaped) == (backend == "sdpa")
+    got = got.transpose(1, 2)  # HF's [b, s, H, d]
+    rows = ~pad  # a left-padded query has no key: the package returns zeros there
+    torch.testing.assert_close(got[rows], want[rows], atol=2e-6, rtol=2e-6)
+    assert bool((got[pad] == 0).all())
+
+
+def test_a_sink_takes_its_share_and_a_cap_bounds_the_scores():
+    """With sinks the output is the plain output times sum_j e^x_j / (sum_j e^x_j +
+    e^sink) (a large sink takes all the weight); soft-capped scores stay within the cap,
+    so huge scores still give bounded odds between keys."""
+    q, k, v, _ = _shaped_case(seed=1)
+    b, h, s, d = q.shape
+    plain = MultiHeadAttention(h * d, h, n_kv_heads=2, backend="naive")
+    sink = MultiHeadAttention(h * d, h, n_kv_heads=2, backend="naive", sinks=True)
+    assert "sinks=True" in repr(sink) and "sinks" in dict(sink.named_parameters())
+    scores = (q @ k.repeat_interleave(2, dim=1).transpose(-2, -1)) * d**-0.5
+    scores = scores.masked_fill(~torch.ones(s, s, dtype=torch.bool).tril(), float("-inf"))
+    lse = scores.logsumexp(-1, keepdim=True)
+    with torch.no_grad():
+        sink.sinks.copy_(torch.linspace(-1.0, 1.0, h))
+        share = torch.sigmoid(lse - sink.sinks.view(1, -1, 1, 1))
+        torch.testing.assert_close(sink.attend(q, k, v), plain.attend(q, k, v) * share)
+        sink.sinks.fill_(40.0)
+        assert sink.attend(q, k, v).abs().max() < 1e-6
+        capped = MultiHeadAttention(h * d, h, n_kv_heads=2, backend="naive", softcap=1.0)
+        big = torch.zeros_like(q)
+        big[..., 0] = 1e4  # scores of about 1e4 * k[..., 0] / 4: capped to (-1, 1)
+        out = capped.attend(big, k, v)
+        w = (torch.tanh(scores * 0 + (big @ k.repeat_interleave(2, 1).transpose(-2, -1))
+                        * d**-0.5)).masked_fill(~torch.ones(s, s, dtype=torch.bool).tril(),
+                                                float("-inf")).softmax(-1)
+        torch.testing.assert_close(out, w @ v.repeat_interleave(2, dim=1))
+        last = w[..., -1, :]  # the last query sees every key: odds within e^2
+        assert (last.amax(-1) / last.amin(-1)).max() <= math.e**2 * (1 + 1e-5)
+    with pytest.raises(ValueError, match="softcap"):
+        MultiHeadAttention(16, 2, softcap=0.0)
+    with pytest.raises(TypeError, match="sinks"):
+        MultiHeadAttention(16, 2, sinks=1)
+
+
+@pytest.mark.parametrize("backend", ["naive", "flex"])
+def test_softcap_and_sinks_decode_through_the_kv_cache_as_one_pass(backend):
+    q, k, v, _ = _shaped_case(seed=2, b=1)
+    h, d = q.shape[1], q.shape[-1]
+    layer = MultiHeadAttention(h * d, h, n_kv_heads=2, backend=backend, softcap=1.5,
+                               sinks=True)
+    with torch.no_grad():
+        layer.sinks.copy_(torch.linspace(0.5, -0.5, h))
+        full = layer.attend(q, k, v)
+        cache, steps = KVCache(), []
+        for t in range(q.shape[2]):
+            sl = slice(t, t + 1)
+            steps.append(layer.attend(q[:, :, sl], k[:, :, sl], v[:, :, sl], kv_cache=cache))
+    torch.testing.assert_close(torch.cat(steps, dim=2), full, atol=2e-6, rtol=2e-6)

@@ -56,8 +56,6 @@ def _attention(fam, model_cls, path, **overrides):
 
 
 @pytest.mark.parametrize(("fam", "model_cls", "path", "overrides", "match"), [
-    (F.GPT_OSS, "GptOssModel", "layers.0.self_attn", {},
-     "cannot load a gpt_oss attention layer: .*attention sinks"),
     (F.DEEPSEEK_V3, "DeepseekV3Model", "layers.0.self_attn", {},
      "cannot load a deepseek_v3 attention layer: .*latent attention"),
     (F.LLAMA4, "Llama4TextModel", "layers.0.self_attn", {},
@@ -80,15 +78,22 @@ def test_loader_refuses_families_it_cannot_express_by_name(fam, model_cls, path,
         tp.hf.from_hf_attention(attn, config)
 
 
-def test_loader_refuses_gemma2_softcapping():
-    for name, kw in [("Gemma2Config", {"hidden_size": 32, "num_attention_heads": 4,
-                                       "num_key_value_heads": 2, "head_dim": 16})]:
-        cls = getattr(transformers, name, None)
-        if cls is None:
-            pytest.skip(f"transformers has no {name}")
-        config = cls(num_hidden_layers=1, vocab_size=32, **kw)
-        with pytest.raises(ValueError, match=f"cannot load a {config.model_type} attention"):
-            tp.hf.from_hf_attention(nn.Module(), config)
+def test_loader_reads_gemma2_softcapping_and_gpt_oss_sinks():
+    """The cap of Gemma 2's config and GPT-OSS's sinks parameter reach the layer (their
+    outputs are held to the modules' in tests/test_hf_oracle.py); a sinks parameter on
+    another family is refused."""
+    config, attn = _attention(F.GEMMA2, "Gemma2Model", "layers.0.self_attn")
+    ours = tp.hf.from_hf_attention(attn, config)
+    assert ours.softcap == 0.5 and ours.sinks is None and "softcap=0.5" in repr(ours)
+    config, attn = _attention(F.GPT_OSS, "GptOssModel", "layers.0.self_attn",
+                              num_hidden_layers=1, layer_types=["sliding_attention"])
+    ours = tp.hf.from_hf_attention(attn, config)
+    assert torch.equal(ours.sinks, attn.sinks) and ours.sinks is not attn.sinks
+    assert ours.window == 4 and ours.softcap is None
+    config, attn = _attention(F.LLAMA, "LlamaModel", "layers.0.self_attn")
+    attn.sinks = nn.Parameter(torch.zeros(4))
+    with pytest.raises(ValueError, match="Llama .*sinks"):
+        tp.hf.from_hf_attention(attn, config)
 
 
 def test_loader_refuses_what_a_supported_family_module_does_not_usually_have():

@@ -866,6 +866,18 @@ LOADER_CASES = {
     "mpt-softmax_scale": (F.MPT, "MptModel", "blocks.0.attn",
                           {"attn_config": {"softmax_scale": 0.3}}, 10),
     "smollm3": (F.SMOLLM3, "SmolLM3Model", "layers.0.self_attn", {}, 10),
+    # soft-capping (Gemma 2), on a global and a sliding layer (window 4 of 10 tokens)
+    "gemma2-full": (F.GEMMA2, "Gemma2Model", "layers.0.self_attn", {}, 10),
+    "gemma2-sliding": (F.GEMMA2, "Gemma2Model", "layers.0.self_attn",
+                       {"layer_types": ["sliding_attention"]}, 10),
+    # learned sinks (GPT-OSS), with biases and YaRN, on a sliding and a full layer
+    # (experts_implementation "eager": the grouped matmul of its MoE has no float64)
+    "gpt_oss-sliding": (F.GPT_OSS, "GptOssModel", "layers.0.self_attn",
+                        {"num_hidden_layers": 1, "layer_types": ["sliding_attention"],
+                         "experts_implementation": "eager"}, 10),
+    "gpt_oss-full": (F.GPT_OSS, "GptOssModel", "layers.0.self_attn",
+                     {"num_hidden_layers": 1, "layer_types": ["full_attention"],
+                      "experts_implementation": "eager"}, 10),
     # no_rope_layers [0] (1 = RoPE): one layer, without RoPE (a layer past the first would
     # see HF's NaN rows of left padding from the layers below; tests/test_hf_loader.py
     # checks that layers.3 of [1, 1, 1, 0] loads as NoPE)

@@ -79,6 +79,16 @@ def flex_kernel(compiled: bool, dynamic: bool = False):
     return fn
 
 
+def capped_score_mod(score_mod, cap: float):
+    """``score_mod`` (or none) after Gemma 2's soft-capping of the scaled score."""
+
+    def capped(score, b, h, q_idx, kv_idx):
+        score = cap * torch.tanh(score / cap)
+        return score if score_mod is None else score_mod(score, b, h, q_idx, kv_idx)
+
+    return capped
+
+
 def _mark_block_mask_dynamic(block_mask) -> None:
     # The block counts and indices grow with L / 128; unmarked, the first compile
     # specialises on their sizes and the next block count recompiles once more.

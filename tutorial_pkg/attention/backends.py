@@ -25,6 +25,9 @@ tolerance (tested for every encoding). ``compile`` matters to ``"flex"`` only.
   Where it cannot run (:func:`~tutorial_pkg.attention._flex.flex_blocker` says why) it
   warns (``RuntimeWarning``, "flex backend falls back to sdpa: ...") and computes
   ``"sdpa"``.
+* Soft-capping and sinks (the plan's ``softcap``, ``sinks``): exact in ``"naive"`` and
+  ``"flex"`` (a ``score_mod``; the output rescaled by ``sigmoid(lse - sink)``); ``"sdpa"``
+  warns and computes ``"naive"``, ``"auto"`` computes ``"naive"``.
 * ``"auto"``: the default. Where the encoding has a key-only form
   (:meth:`~tutorial_pkg.encodings.builtin.PositionEncoding.key_bias`, causal ALiBi and the
   hybrid), q is float32 or float64, and
@@ -78,6 +81,7 @@ from ._caches import (  # noqa: F401 (re-exported for the chapters and tests)
 from ._flex import (  # noqa: F401
     FLEX_TILE,
     _mark_block_mask_dynamic,
+    capped_score_mod,
     flex_available,
     flex_block_mask,
     flex_blocker,
@@ -118,6 +122,8 @@ def naive(q, k, v, plan: AttentionPlan, encoding: PositionEncoding, *, dropout_p
     scores = q.to(dt) @ k.to(dt).transpose(-2, -1)
     # the default divides by sqrt(head_dim), as before the scale existed (same rounding)
     scores = scores / math.sqrt(q.shape[-1]) if plan.scale is None else scores * plan.scale
+    if plan.softcap is not None:  # Gemma 2: capped before the bias and the mask
+        scores = plan.softcap * torch.tanh(scores / plan.softcap)
     bias = _plan_bias(encoding, plan)
     if bias is not None:
         scores = scores + bias
@@ -125,7 +131,12 @@ def naive(q, k, v, plan: AttentionPlan, encoding: PositionEncoding, *, dropout_p
     if allowed is not None:
         # A finite fill (not -inf) keeps fully masked rows NaN-free; they are zeroed below.
         scores = scores.masked_fill(~allowed, torch.finfo(scores.dtype).min)
-    weights = _zero_empty_rows(scores.softmax(dim=-1), plan.has_key())
+    if plan.sinks is None:
+        weights = scores.softmax(dim=-1)
+    else:  # gpt-oss: a sink logit per head joins the denominator, then is dropped
+        sink = plan.sinks.to(dt).view(1, -1, 1, 1).expand(*scores.shape[:-1], 1)
+        weights = torch.cat((scores, sink), dim=-1).softmax(dim=-1)[..., :-1]
+    weights = _zero_empty_rows(weights, plan.has_key())
     if dropout_p:
         weights = F.dropout(weights, dropout_p)
     out = (weights @ v.to(dt)).to(q.dtype)
@@ -152,6 +163,10 @@ def _sdpa_plain(q, k, v, plan: AttentionPlan, *, dropout_p: float):
 
 
 # --------------------------------------------------------------------------- sdpa
+_SHAPED = ("SDPA has no soft-capping (a change of the scores inside the kernel) nor sink "
+           "logits (its log-sum-exp is not returned): the naive form computes them exactly")
+
+
 def sdpa(q, k, v, plan: AttentionPlan, encoding: PositionEncoding, *, dropout_p: float = 0.0,
          compile: bool = True):
     """``scaled_dot_product_attention`` with the plan as a 4-D mask (or ``is_causal``).
@@ -159,6 +174,10 @@ def sdpa(q, k, v, plan: AttentionPlan, encoding: PositionEncoding, *, dropout_p:
     The mask is boolean or of q's dtype (:func:`~tutorial_pkg.attention.masks.additive_mask`), the
     forms PyTorch documents; a bias is built in float32 at least and rounded to 16 bits
     only after a shift per row."""
+    if plan.shapes_scores:
+        warnings.warn(f"sdpa backend falls back to naive: {_SHAPED}", RuntimeWarning,
+                      stacklevel=3)
+        return naive(q, k, v, plan, encoding, dropout_p=dropout_p)
     kw = _kernel_kwargs(q, k, plan)
     if _plain(encoding, plan):
         return _sdpa_plain(q, k, v, plan, dropout_p=dropout_p)
@@ -218,7 +237,10 @@ def sdpa_key_bias(q, k, v, plan: AttentionPlan, row: torch.Tensor):
 def auto(q, k, v, plan: AttentionPlan, encoding: PositionEncoding, *, dropout_p: float = 0.0,
          compile: bool = True):
     """The plain dispatch where there is no bias; the key row with the fused causal kernel
-    where :func:`auto_key_bias` gives one; else :func:`sdpa`."""
+    where :func:`auto_key_bias` gives one; else :func:`sdpa`. Soft-capping or sinks:
+    :func:`naive`, the exact form without compiling."""
+    if plan.shapes_scores:
+        return naive(q, k, v, plan, encoding, dropout_p=dropout_p)
     if _plain(encoding, plan):
         return _sdpa_plain(q, k, v, plan, dropout_p=dropout_p)
     row = auto_key_bias(q, k, plan, encoding, dropout_p=dropout_p)
@@ -252,6 +274,8 @@ def flex(q, k, v, plan: AttentionPlan, encoding: PositionEncoding, *, dropout_p:
     else:
         score_mod = encoding.score_mod(0, plan.q_pos.expand(batch, -1).contiguous(),
                                        plan.k_pos.expand(batch, -1).contiguous())
+    if plan.softcap is not None:
+        score_mod = capped_score_mod(score_mod, plan.softcap)
     if score_mod is not None:
         for name, t in (*encoding.named_buffers(), *encoding.named_parameters()):
             check_device(f"{type(encoding).__name__}'s tensor {name}", t, q.device,
@@ -267,12 +291,19 @@ def flex(q, k, v, plan: AttentionPlan, encoding: PositionEncoding, *, dropout_p:
     eager = not compile or (q.device.type == "cpu" and min(plan.s, plan.k_len) < FLEX_TILE)
     block_mask = flex_block_mask(plan, batch=batch, device=q.device,
                                  mark_dynamic=plain and not eager)
+    sinks = plan.sinks is not None
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="flex_attention called without torch.compile")
         out = flex_kernel(not eager, plain)(
-            q, k, v, score_mod=score_mod, block_mask=block_mask, **_kernel_kwargs(q, k, plan)
+            q, k, v, score_mod=score_mod, block_mask=block_mask, return_lse=sinks,
+            **_kernel_kwargs(q, k, plan)
         )
+    if sinks:  # sum_j e^x_j = e^lse: the sink's share of the denominator, taken out
+        out, lse = out
+        keep = torch.sigmoid(lse.float() - plan.sinks.float().view(1, -1, 1))[..., None]
+        out = (out.float() * keep).to(q.dtype)
     return _zero_empty_rows(out, plan.has_key())
+
 
 
 #: The attention backends by name, one signature (module docs); ``"auto"`` is the default.

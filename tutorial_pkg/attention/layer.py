@@ -176,6 +176,17 @@ class MultiHeadAttention(nn.Module):
         window: sliding window ``w`` (a positive int): the query at cache slot ``i``
             sees key slots ``i - w < j <= i`` (``|i - j| < w`` when not causal);
             ``None`` (default) = every key.
+        softcap: logit soft-capping (Gemma 2's ``attn_logit_softcapping``, a positive
+            number): the scores become ``softcap * tanh(scale q k^T / softcap)`` before
+            the bias and the mask. ``None`` (default): none.
+        sinks: learned attention sinks (gpt-oss): a parameter ``sinks`` ``[n_heads]``
+            (zeros at first), one logit per query head that joins each row's softmax
+            denominator and takes no value, so a query may give less than all its weight
+            to the keys. Default False.
+
+    Soft-capping and sinks are exact in the ``"naive"`` and ``"flex"`` backends;
+    ``"auto"`` computes them with ``"naive"``, and ``"sdpa"`` warns and does the same
+    (:mod:`~tutorial_pkg.attention.backends`).
     """
 
     def __init__(
@@ -199,6 +210,8 @@ class MultiHeadAttention(nn.Module):
         o_bias: bool | None = None,
         q_norm: nn.Module | None = None,
         k_norm: nn.Module | None = None,
+        softcap: float | None = None,
+        sinks: bool = False,
     ) -> None:
         super().__init__()
         check_positive_int("d_model", d_model)
@@ -262,6 +275,10 @@ class MultiHeadAttention(nn.Module):
         self.out_proj = nn.Linear(n_heads * head_dim, d_model, bias=biases["o_bias"])
         self.q_norm = q_norm
         self.k_norm = k_norm
+        self.softcap = None if softcap is None else check_positive_float("softcap", softcap)
+        if not isinstance(sinks, bool):
+            raise TypeError(f"sinks must be a bool, got {type(sinks).__name__}")
+        self.sinks = nn.Parameter(torch.zeros(n_heads)) if sinks else None
 
     # ----------------------------------------------------------------------------- forward
     def forward(
@@ -414,7 +431,8 @@ class MultiHeadAttention(nn.Module):
         plan = AttentionPlan(
             q_pos=q_pos, k_pos=k_pos, start=start, default_positions=default,
             causal=self.causal, key_padding_mask=pad, q_doc=q_doc, k_doc=k_doc,
-            window=self.window, scale=self._plan_scale(),
+            window=self.window, scale=self._plan_scale(), softcap=self.softcap,
+            sinks=self.sinks,
         )
         return q, k, v, plan
 
@@ -448,6 +466,10 @@ class MultiHeadAttention(nn.Module):
             extra += f", scale={self.scale!r}"
         if self.window is not None:
             extra += f", window={self.window}"
+        if self.softcap is not None:
+            extra += f", softcap={self.softcap:g}"
+        if self.sinks is not None:
+            extra += ", sinks=True"
         return (
             f"d_model={self.d_model}, n_heads={self.n_heads}, n_kv_heads={self.n_kv_heads}, "
             f"causal={self.causal}, backend={self.backend!r}" + extra

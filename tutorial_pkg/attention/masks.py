@@ -143,6 +143,11 @@ class AttentionPlan:
             ``i - w < j <= i`` (``|i - j| < w`` when not causal); None = no window.
         scale: the softmax scale ``c`` in ``softmax(c q k^T + bias)``; None = the
             default ``1 / sqrt(head_dim)``.
+        softcap: logit soft-capping (Gemma 2): the scores ``c q k^T`` become
+            ``softcap * tanh(c q k^T / softcap)`` before the bias and the mask; None = none.
+        sinks: float ``[H]``, one learned logit per query head that joins every row's
+            softmax denominator and takes no value (gpt-oss's attention sinks): the weights
+            are ``exp(x_j) / (sum_j exp(x_j) + exp(sink_h))``; None = none.
     """
 
     q_pos: torch.Tensor
@@ -155,6 +160,8 @@ class AttentionPlan:
     k_doc: torch.Tensor | None = None
     window: int | None = None
     scale: float | None = None
+    softcap: float | None = None
+    sinks: torch.Tensor | None = None
 
     @property
     def s(self) -> int:
@@ -168,6 +175,11 @@ class AttentionPlan:
     def whole_sequence(self) -> bool:
         """Queries and keys are the same tokens (no cached keys before them)."""
         return self.start == 0 and self.s == self.k_len
+
+    @property
+    def shapes_scores(self) -> bool:
+        """Soft-capping or sinks: the scores or the softmax are not SDPA's."""
+        return self.softcap is not None or self.sinks is not None
 
     @property
     def has_documents(self) -> bool:

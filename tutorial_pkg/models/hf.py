@@ -37,14 +37,19 @@ MPT                 fused ``Wqkv`` (q rows, then k, then v), ALiBi (slopes for
                     ``attn_config`` only (no ``clip_qkv``, no ``qk_ln``)
 SmolLM3             as Llama; a layer whose ``no_rope_layers`` entry is 0 (1 =
                     RoPE) is loaded with NoPE (the module's ``layer_idx``)
+Gemma 2             as Llama, scale ``query_pre_attn_scalar ** -0.5``, logit
+                    soft-capping (``attn_logit_softcapping``), the window of
+                    sliding layers
+GPT-OSS             as Llama with biases, learned sinks (``sinks``, one per query
+                    head), the window of sliding layers, YaRN
 ==================  ============================================================
 
 A family the package cannot express is refused by name (``ValueError``), never
-approximated: Gemma 2 (logit soft-capping), DeepSeek-V2/V3 (multi-head latent
-attention), Llama 4 (L2 QK-norm and temperature tuning), GPT-OSS (attention sinks),
-Gemma 4 (a head_dim per layer type), T5 and any other ``model_type``. A supported
-family's module with something the loader does not know (an extra submodule,
-soft-capping, a norm of another class, MPT's ``clip_qkv`` or ``qk_ln``) is refused too.
+approximated: DeepSeek-V2/V3 (multi-head latent attention), Llama 4 (L2 QK-norm and
+temperature tuning), Gemma 4 (a head_dim per layer type), T5 and any other
+``model_type``. A supported family's module with something the loader does not know (an
+extra submodule, soft-capping or sinks outside Gemma 2 and GPT-OSS, a norm of another
+class, MPT's ``clip_qkv`` or ``qk_ln``) is refused too.
 
 **Falcon's bfloat16 ALiBi.** Falcon's ``build_alibi_tensor`` rounds the slopes and
 each ``m_h * j`` to bfloat16 whatever the model's dtype; the loaded layer's ALiBi
@@ -89,12 +94,12 @@ SUPPORTED_FAMILIES = {
     "gptj": "GPT-J",
     "mpt": "MPT",
     "smollm3": "SmolLM3",
+    "gemma2": "Gemma 2",
+    "gpt_oss": "GPT-OSS",
 }
 
 #: ``model_type`` -> why :func:`from_hf_attention` refuses the family.
 REFUSED_FAMILIES = {
-    "gemma2": "Gemma 2 soft-caps the attention logits (attn_logit_softcapping): "
-              "MultiHeadAttention has no soft-capping",
     "gemma3": "this is Gemma 3's multimodal config: pass its text config (config.text_config, "
               "model_type 'gemma3_text') with the language model's attention module",
     "gemma4_text": "Gemma 4's global layers have their own head_dim (per_layer_config): the "
@@ -109,7 +114,6 @@ REFUSED_FAMILIES = {
                    "position: MultiHeadAttention has neither",
     "llama4": "Llama 4 L2-normalises q and k and tunes the attention temperature with the "
               "position: MultiHeadAttention has neither",
-    "gpt_oss": "GPT-OSS adds learned attention sinks to the softmax: MultiHeadAttention has none",
     "t5": "T5's attention is not scaled and its bias is learned per bucket: build it with "
           "T5RelativeBias (tests/test_hf_oracle.py shows how), the loader does not",
 }
@@ -132,6 +136,8 @@ _CHILDREN = {
     "gptj": {"q_proj", "k_proj", "v_proj", "out_proj", "resid_dropout"},
     "mpt": {"Wqkv", "out_proj"},
     "smollm3": _LLAMA_CHILDREN,
+    "gemma2": _LLAMA_CHILDREN,
+    "gpt_oss": _LLAMA_CHILDREN,
 }
 
 #: Subclasses of ``nn.Linear`` whose forward is ``x @ weight.T + bias``, as nn.Linear's.
@@ -276,9 +282,14 @@ def from_hf_attention(attention: nn.Module, config, *, backend: str = "auto",
                 f"{sorted(REFUSED_FAMILIES)} by name); another family is never approximated")
     family = SUPPORTED_FAMILIES[model_type]
     _check_children(attention, family, model_type)
-    if getattr(attention, "attn_logit_softcapping", None) is not None:
-        _refuse(family, "this layer soft-caps its attention logits (attn_logit_softcapping): "
-                "MultiHeadAttention has no soft-capping")
+    softcap = getattr(attention, "attn_logit_softcapping", None)
+    if softcap is not None and model_type != "gemma2":
+        _refuse(family, "this layer soft-caps its attention logits (attn_logit_softcapping), "
+                "which its family's code does not: the loader reads it for Gemma 2 only")
+    sinks = getattr(attention, "sinks", None)
+    if (sinks is not None) != (model_type == "gpt_oss"):
+        _refuse(family, "attention sinks (a sinks parameter) are read for GPT-OSS only, and "
+                "every GPT-OSS layer has them")
     causal = bool(getattr(attention, "is_causal", True))
 
     if model_type == "bloom":
@@ -329,10 +340,15 @@ def from_hf_attention(attention: nn.Module, config, *, backend: str = "auto",
         n_kv_heads=n_kv, compile_flex=compile_flex, window=window, head_dim=head_dim,
         scale=float(attention.scaling), q_bias=has_bias[0], k_bias=has_bias[1],
         v_bias=has_bias[2], o_bias=o.bias is not None, **norms,
+        softcap=None if softcap is None else float(softcap), sinks=sinks is not None,
     )
     for dst, w, b in zip((ours.q_proj, ours.k_proj, ours.v_proj), ws, bs, strict=True):
         _copy(dst, w, b)
     _copy(ours.out_proj, o.weight, o.bias)
+    if sinks is not None:
+        if tuple(sinks.shape) != (n_heads,):
+            _refuse(family, f"its sinks have shape {tuple(sinks.shape)}, not ({n_heads},)")
+        ours.sinks.data = sinks.detach().clone()  # the module's dtype and device
     return _place(ours, o.weight)
 
 
