@@ -313,3 +313,28 @@ def test_softcap_and_sinks_decode_through_the_kv_cache_as_one_pass(backend):
             sl = slice(t, t + 1)
             steps.append(layer.attend(q[:, :, sl], k[:, :, sl], v[:, :, sl], kv_cache=cache))
     torch.testing.assert_close(torch.cat(steps, dim=2), full, atol=2e-6, rtol=2e-6)
+
+
+@pytest.mark.parametrize("backend", ["naive", "sdpa", "auto", "flex"])
+def test_chunks_and_temperature_decode_through_the_kv_cache_as_one_pass(backend):
+    """Llama 4's chunked attention (by position) and temperature tuning (by cache slot):
+    token-by-token decoding equals one pass, and chunks hide every key of an earlier chunk."""
+    q, k, v, _ = _shaped_case(seed=3, b=1)
+    h, d = q.shape[1], q.shape[-1]
+    layer = MultiHeadAttention(h * d, h, n_kv_heads=2, backend=backend, chunk=6,
+                               temperature_tuning=(3.0, 0.5))
+    assert "chunk=6" in repr(layer) and "temperature_tuning=(3.0, 0.5)" in repr(layer)
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # flex falls back for the one-token steps
+        full = layer.attend(q, k, v)
+        cache, steps = KVCache(), []
+        for t in range(q.shape[2]):
+            sl = slice(t, t + 1)
+            steps.append(layer.attend(q[:, :, sl], k[:, :, sl], v[:, :, sl], kv_cache=cache))
+        # query 12 (chunk 2: positions 12..17) sees only key 12: its output is v[12]
+        torch.testing.assert_close(full[:, :, 12], v.repeat_interleave(2, 1)[:, :, 12])
+    torch.testing.assert_close(torch.cat(steps, dim=2), full, atol=2e-6, rtol=2e-6)
+    with pytest.raises(ValueError, match="chunk"):
+        MultiHeadAttention(16, 2, chunk=0)
+    with pytest.raises(TypeError, match="temperature_tuning"):
+        MultiHeadAttention(16, 2, temperature_tuning=3.0)

@@ -871,6 +871,17 @@ LOADER_CASES = {
     "gemma2-sliding": (F.GEMMA2, "Gemma2Model", "layers.0.self_attn",
                        {"layer_types": ["sliding_attention"]}, 10),
     # learned sinks (GPT-OSS), with biases and YaRN, on a sliding and a full layer
+    # Llama 4: a RoPE layer with qk_norm and chunks of 4 positions (of 10 tokens), and a
+    # NoPE layer with the temperature tuning (floor_scale 3, attn_scale 0.5: it changes
+    # within 10 tokens); layer 0 each time
+    "llama4-chunked": (F.LLAMA4, "Llama4TextModel", "layers.0.self_attn",
+                       {"num_hidden_layers": 1, "no_rope_layers": [1],
+                        "layer_types": ["chunked_attention"], "attention_chunk_size": 4,
+                        "experts_implementation": "eager"}, 10),
+    "llama4-nope": (F.LLAMA4, "Llama4TextModel", "layers.0.self_attn",
+                    {"num_hidden_layers": 1, "no_rope_layers": [0],
+                     "layer_types": ["full_attention"], "floor_scale": 3, "attn_scale": 0.5,
+                     "experts_implementation": "eager"}, 10),
     # (experts_implementation "eager": the grouped matmul of its MoE has no float64)
     "gpt_oss-sliding": (F.GPT_OSS, "GptOssModel", "layers.0.self_attn",
                         {"num_hidden_layers": 1, "layer_types": ["sliding_attention"],

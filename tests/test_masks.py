@@ -131,3 +131,22 @@ def test_a_bidirectional_plan_without_masks_masks_nothing():
     plan = plan_of(0, 5, 5, causal=False)
     assert plan.mask_rule() is None and plan.allowed() is None and plan.has_key() is None
     assert backends.flex_block_mask(plan) is None
+
+
+def test_same_chunk_is_by_position_so_a_left_padded_row_chunks_from_its_first_token():
+    from tutorial_pkg.attention.masks import AttentionPlan, same_chunk
+
+    pos = torch.tensor([[0, 1, 2, 3, 4, 5, 6], [0, 0, 0, 1, 2, 3, 4]])  # row 1: 2 pads
+    rule = same_chunk(pos, 3)
+    q_idx, kv_idx = torch.arange(7)[:, None], torch.arange(7)[None, :]
+    for b in range(2):
+        want = (pos[b][:, None] // 3) == (pos[b][None, :] // 3)
+        assert torch.equal(rule(b, 0, q_idx, kv_idx), want)
+    pad = torch.tensor([[False] * 7, [True, True] + [False] * 5])
+    plan = AttentionPlan(q_pos=pos, k_pos=pos, start=0, default_positions=False, causal=True,
+                         key_padding_mask=pad, chunk=3)
+    allowed = plan.allowed()[:, 0]
+    # row 1's tokens at positions 0..4: chunks {0,1,2} and {3,4}, causal within them
+    assert allowed[1, 6].tolist() == [False] * 5 + [True, True]
+    assert allowed[1, 4].tolist() == [False, False, True, True, True, False, False]
+    assert torch.equal(plan.has_key(), allowed.any(-1)[:, None, :, None])

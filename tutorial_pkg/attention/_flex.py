@@ -111,7 +111,7 @@ def flex_block_mask(plan: AttentionPlan, *, batch: int = 1, device="cpu",
     if rule is None:
         return None
     mask_mod = offset_queries(rule, plan.start)  # Flex counts queries from 0
-    if plan.key_padding_mask is not None or plan.has_documents:  # data-dependent: per call
+    if plan.key_padding_mask is not None or plan.reads_data:  # data-dependent: per call
         return create_block_mask(mask_mod, batch, None, plan.s, plan.k_len, device=device)
     window = plan.window if plan.windowed else None
     key = (plan.s, plan.k_len, plan.start, plan.causal, window, torch.device(device),

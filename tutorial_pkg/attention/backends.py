@@ -145,7 +145,7 @@ def naive(q, k, v, plan: AttentionPlan, encoding: PositionEncoding, *, dropout_p
 
 def _plain(encoding: PositionEncoding, plan: AttentionPlan) -> bool:
     """No bias and no data-dependent mask: SDPA's own ``is_causal`` or a boolean rule."""
-    return not encoding.has_bias and plan.key_padding_mask is None and not plan.has_documents
+    return not encoding.has_bias and plan.key_padding_mask is None and not plan.reads_data
 
 
 def _sdpa_plain(q, k, v, plan: AttentionPlan, *, dropout_p: float):
@@ -188,7 +188,7 @@ def sdpa(q, k, v, plan: AttentionPlan, encoding: PositionEncoding, *, dropout_p:
         causal_applied = bias is not None
     else:
         bias, causal_applied = _plan_bias(encoding, plan), False
-    if bias is None and plan.key_padding_mask is None and not plan.has_documents:
+    if bias is None and plan.key_padding_mask is None and not plan.reads_data:
         return _sdpa_plain(q, k, v, plan, dropout_p=dropout_p)  # a bias hook that gave none
     mask = additive_mask(plan, bias, q.dtype, causal_applied=causal_applied)
     out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p,
@@ -205,7 +205,7 @@ def auto_key_bias(q, k, plan: AttentionPlan, encoding: PositionEncoding, *, drop
     ``j`` and, unlike a square table, cannot be shifted per query)."""
     if q.dtype not in (torch.float32, torch.float64):
         return None
-    if dropout_p or plan.has_documents or plan.windowed or not _overrides(encoding, "key_bias"):
+    if dropout_p or plan.reads_data or plan.windowed or not _overrides(encoding, "key_bias"):
         return None
     # is_causal aligns the mask top-left (query i sees keys <= i): right for a whole
     # sequence, and a single new token sees every cached key anyway.
@@ -286,7 +286,7 @@ def flex(q, k, v, plan: AttentionPlan, encoding: PositionEncoding, *, dropout_p:
     # sequence, no padding, no documents, no window (a mask_mod that captures the window
     # int would make it symbolic, which the CPU template cannot build)
     plain = (plan.default_positions and plan.causal and plan.start == 0
-             and plan.key_padding_mask is None and not plan.has_documents
+             and plan.key_padding_mask is None and not plan.reads_data
              and not plan.windowed)
     eager = not compile or (q.device.type == "cpu" and min(plan.s, plan.k_len) < FLEX_TILE)
     block_mask = flex_block_mask(plan, batch=batch, device=q.device,

@@ -184,6 +184,14 @@ class MultiHeadAttention(nn.Module):
             denominator and takes no value, so a query may give less than all its weight
             to the keys. Default False.
 
+        chunk: chunked attention (Llama 4's ``attention_chunk_size``, a positive int): a
+            query sees the keys whose *position* lies in its own chunk of ``chunk``
+            positions (with causality: back to the chunk's start). Default None.
+        temperature_tuning: ``(floor_scale, attn_scale)``: Llama 4's attention temperature
+            of its NoPE layers, the queries multiplied by ``1 + attn_scale *
+            log1p(floor((i + 1) / floor_scale))`` at cache slot ``i`` (the slot, as
+            Hugging Face's ``cache_position``, not the position). Default None.
+
     Soft-capping and sinks are exact in the ``"naive"`` and ``"flex"`` backends;
     ``"auto"`` computes them with ``"naive"``, and ``"sdpa"`` warns and does the same
     (:mod:`~tutorial_pkg.attention.backends`).
@@ -212,6 +220,8 @@ class MultiHeadAttention(nn.Module):
         k_norm: nn.Module | None = None,
         softcap: float | None = None,
         sinks: bool = False,
+        chunk: int | None = None,
+        temperature_tuning: tuple[float, float] | None = None,
     ) -> None:
         super().__init__()
         check_positive_int("d_model", d_model)
@@ -279,6 +289,14 @@ class MultiHeadAttention(nn.Module):
         if not isinstance(sinks, bool):
             raise TypeError(f"sinks must be a bool, got {type(sinks).__name__}")
         self.sinks = nn.Parameter(torch.zeros(n_heads)) if sinks else None
+        self.chunk = None if chunk is None else check_positive_int("chunk", chunk)
+        if temperature_tuning is not None:
+            if not isinstance(temperature_tuning, (tuple, list)) or len(temperature_tuning) != 2:
+                raise TypeError(f"temperature_tuning must be (floor_scale, attn_scale), got "
+                                f"{temperature_tuning!r}")
+            temperature_tuning = (check_positive_float("floor_scale", temperature_tuning[0]),
+                                  check_positive_float("attn_scale", temperature_tuning[1]))
+        self.temperature_tuning = temperature_tuning
 
     # ----------------------------------------------------------------------------- forward
     def forward(
@@ -425,6 +443,11 @@ class MultiHeadAttention(nn.Module):
         if self.k_norm is not None:
             k = self.k_norm(k)
         q, k = self.encoding.rotate(q, k, q_pos, q_pos)
+        if self.temperature_tuning is not None:  # Llama 4's NoPE layers, by cache slot
+            floor_scale, attn_scale = self.temperature_tuning
+            slots = torch.arange(start, start + s, device=device, dtype=torch.float32)
+            tau = torch.log1p(torch.floor((slots + 1.0) / floor_scale)) * attn_scale + 1.0
+            q = (q * tau[:, None]).to(q.dtype)  # [s, 1] against q [b, H, s, d]
         k_pos, k_doc = q_pos, q_doc
         if kv_cache is not None:
             k, v, k_pos, k_doc = kv_cache._append(k, v, q_pos, q_doc, default=positions is None)
@@ -432,7 +455,7 @@ class MultiHeadAttention(nn.Module):
             q_pos=q_pos, k_pos=k_pos, start=start, default_positions=default,
             causal=self.causal, key_padding_mask=pad, q_doc=q_doc, k_doc=k_doc,
             window=self.window, scale=self._plan_scale(), softcap=self.softcap,
-            sinks=self.sinks,
+            sinks=self.sinks, chunk=self.chunk,
         )
         return q, k, v, plan
 
@@ -470,6 +493,10 @@ class MultiHeadAttention(nn.Module):
             extra += f", softcap={self.softcap:g}"
         if self.sinks is not None:
             extra += ", sinks=True"
+        if self.chunk is not None:
+            extra += f", chunk={self.chunk}"
+        if self.temperature_tuning is not None:
+            extra += f", temperature_tuning={self.temperature_tuning}"
         return (
             f"d_model={self.d_model}, n_heads={self.n_heads}, n_kv_heads={self.n_kv_heads}, "
             f"causal={self.causal}, backend={self.backend!r}" + extra

@@ -19,6 +19,10 @@ Rules compose with :func:`and_masks`, as in attention-gym:
   ``kv_idx > q_idx - sliding_window``).
 * :func:`same_document`: query and key in one packed document.
 * :func:`key_padding`: the key is not padding.
+* :func:`same_chunk`: query and key in one chunk of ``c`` positions (Llama 4's chunked
+  attention: positions ``0..c-1``, ``c..2c-1``, ...; on positions, not slots, so that a
+  left-padded row's chunks start at its first token, as Hugging Face's
+  ``chunked_overlay`` subtracts the left padding).
 
 :func:`additive_mask` is the one place that turns the rules and an encoding's bias into the
 float mask a kernel is handed, always of the query's dtype (the form PyTorch documents for
@@ -42,6 +46,7 @@ __all__ = [
     "causal_mask",
     "sliding_window",
     "same_document",
+    "same_chunk",
     "key_padding",
     "dense_mask",
     "additive_mask",
@@ -73,6 +78,16 @@ def same_document(documents: torch.Tensor):
         return documents[b, q_idx] == documents[b, kv_idx]
 
     return document_mask
+
+
+def same_chunk(positions: torch.Tensor, chunk: int):
+    """The rule "same chunk of ``chunk`` positions"; ``positions`` is ``[b, L_k]``, the
+    position of every slot (a query at slot ``i`` has the position of key slot ``i``)."""
+
+    def chunk_mask(b, h, q_idx, kv_idx):
+        return positions[b, q_idx] // chunk == positions[b, kv_idx] // chunk
+
+    return chunk_mask
 
 
 def key_padding(padding: torch.Tensor):
@@ -145,6 +160,8 @@ class AttentionPlan:
             default ``1 / sqrt(head_dim)``.
         softcap: logit soft-capping (Gemma 2): the scores ``c q k^T`` become
             ``softcap * tanh(c q k^T / softcap)`` before the bias and the mask; None = none.
+        chunk: chunked attention (Llama 4): a query sees only keys whose position lies in
+            its own chunk of ``chunk`` positions (:func:`same_chunk`); None = no chunks.
         sinks: float ``[H]``, one learned logit per query head that joins every row's
             softmax denominator and takes no value (gpt-oss's attention sinks): the weights
             are ``exp(x_j) / (sum_j exp(x_j) + exp(sink_h))``; None = none.
@@ -162,6 +179,7 @@ class AttentionPlan:
     scale: float | None = None
     softcap: float | None = None
     sinks: torch.Tensor | None = None
+    chunk: int | None = None
 
     @property
     def s(self) -> int:
@@ -186,6 +204,11 @@ class AttentionPlan:
         return self.q_doc is not None
 
     @property
+    def reads_data(self) -> bool:
+        """A rule reads tensors (documents, chunks of positions): no cached mask serves it."""
+        return self.q_doc is not None or self.chunk is not None
+
+    @property
     def windowed(self) -> bool:
         """The window hides some key of some query (a window this long hides none)."""
         if self.window is None:
@@ -195,7 +218,9 @@ class AttentionPlan:
         return max(self.start + self.s, self.k_len) > self.window
 
     def _batch(self) -> int:
-        rows = [t.shape[0] for t in (self.key_padding_mask, self.k_doc) if t is not None]
+        rows = [t.shape[0] for t in (self.key_padding_mask, self.k_doc,
+                                      self.k_pos if self.chunk is not None else None)
+                if t is not None]
         return max(rows, default=1)
 
     def mask_rule(self, *, padding: bool = True, batch: int | None = None):
@@ -214,6 +239,11 @@ class AttentionPlan:
             if batch is not None and docs.shape[0] != batch:
                 docs = docs.expand(batch, -1).contiguous()
             rules.append(same_document(docs))
+        if self.chunk is not None:
+            pos = self.k_pos
+            if batch is not None and pos.shape[0] != batch:
+                pos = pos.expand(batch, -1).contiguous()
+            rules.append(same_chunk(pos, self.chunk))
         if padding and self.key_padding_mask is not None:
             rules.append(key_padding(self.key_padding_mask))
         return and_masks(*rules) if rules else None
@@ -237,7 +267,7 @@ class AttentionPlan:
         """
         if self.key_padding_mask is None:
             return None
-        if self.has_documents or (self.windowed and not self.causal):
+        if self.reads_data or (self.windowed and not self.causal):
             return self.allowed().any(dim=-1, keepdim=True)
         keep = ~self.key_padding_mask  # [b, L_k]
         if not self.causal:
@@ -295,7 +325,7 @@ def additive_mask(plan: AttentionPlan, bias: torch.Tensor | None, dtype: torch.d
     elif bias.dtype != torch.float64:
         bias = bias.to(work)  # a float64 bias stays float64 until the last cast
     minus_inf = torch.tensor(float("-inf"), dtype=bias.dtype, device=device)
-    if (plan.causal and not causal_applied) or plan.has_documents or plan.windowed:
+    if (plan.causal and not causal_applied) or plan.reads_data or plan.windowed:
         bias = torch.where(plan.allowed(padding=False), bias, minus_inf)
     pad = None if plan.key_padding_mask is None else plan.key_padding_mask[:, None, None, :]
     live = None  # the shift (16 bits) is over the keys a query may see: not padding

@@ -42,11 +42,16 @@ Gemma 2             as Llama, scale ``query_pre_attn_scalar ** -0.5``, logit
                     sliding layers
 GPT-OSS             as Llama with biases, learned sinks (``sinks``, one per query
                     head), the window of sliding layers, YaRN
+Llama 4 (text)      as Llama, interleaved RoPE; per layer ``use_rope``: RoPE layers
+                    with the weightless ``qk_norm`` and, where the layer type is
+                    ``chunked_attention``, chunks of ``attention_chunk_size``
+                    positions; NoPE layers with the attention temperature tuning
+                    (``floor_scale``, ``attn_scale``)
 ==================  ============================================================
 
 A family the package cannot express is refused by name (``ValueError``), never
-approximated: DeepSeek-V2/V3 (multi-head latent attention), Llama 4 (L2 QK-norm and
-temperature tuning), Gemma 4 (a head_dim per layer type), T5 and any other
+approximated: DeepSeek-V2/V3 (multi-head latent attention), Gemma 4 (a head_dim per
+layer type), T5 and any other
 ``model_type``. A supported family's module with something the loader does not know (an
 extra submodule, soft-capping or sinks outside Gemma 2 and GPT-OSS, a norm of another
 class, MPT's ``clip_qkv`` or ``qk_ln``) is refused too.
@@ -96,6 +101,7 @@ SUPPORTED_FAMILIES = {
     "smollm3": "SmolLM3",
     "gemma2": "Gemma 2",
     "gpt_oss": "GPT-OSS",
+    "llama4_text": "Llama 4 (text)",
 }
 
 #: ``model_type`` -> why :func:`from_hf_attention` refuses the family.
@@ -110,10 +116,8 @@ REFUSED_FAMILIES = {
                    "RoPE on part of each head): not one MultiHeadAttention",
     "deepseek_v3": "DeepSeek-V3 uses multi-head latent attention (low-rank q and kv, decoupled "
                    "RoPE on part of each head): not one MultiHeadAttention",
-    "llama4_text": "Llama 4 L2-normalises q and k and tunes the attention temperature with the "
-                   "position: MultiHeadAttention has neither",
-    "llama4": "Llama 4 L2-normalises q and k and tunes the attention temperature with the "
-              "position: MultiHeadAttention has neither",
+    "llama4": "this is Llama 4's multimodal config: pass its text config (config.text_config, "
+              "model_type 'llama4_text') with the language model's attention module",
     "t5": "T5's attention is not scaled and its bias is learned per bucket: build it with "
           "T5RelativeBias (tests/test_hf_oracle.py shows how), the loader does not",
 }
@@ -138,6 +142,7 @@ _CHILDREN = {
     "smollm3": _LLAMA_CHILDREN,
     "gemma2": _LLAMA_CHILDREN,
     "gpt_oss": _LLAMA_CHILDREN,
+    "llama4_text": _LLAMA_CHILDREN | {"qk_norm"},
 }
 
 #: Subclasses of ``nn.Linear`` whose forward is ``x @ weight.T + bias``, as nn.Linear's.
@@ -327,11 +332,13 @@ def from_hf_attention(attention: nn.Module, config, *, backend: str = "auto",
     window = getattr(attention, "sliding_window", None)
     if model_type in ("mistral", "phi3"):  # their masks read the window from the config
         window = cfg.get("sliding_window")
-    norms = {}
+    norms, extra = {}, {}
     if model_type in ("qwen3", "gemma3_text"):
         norms = {n: _norm_copy(attention, n, family, head_dim) for n in ("q_norm", "k_norm")}
     if model_type == "smollm3":
         encoding = _smollm3_encoding(attention, cfg, head_dim, family)
+    elif model_type == "llama4_text":
+        encoding, norms, extra = _llama4(attention, cfg, head_dim, family)
     else:
         encoding = _rotary(cfg, attention, head_dim, family)
     ours = MultiHeadAttention(
@@ -341,6 +348,7 @@ def from_hf_attention(attention: nn.Module, config, *, backend: str = "auto",
         scale=float(attention.scaling), q_bias=has_bias[0], k_bias=has_bias[1],
         v_bias=has_bias[2], o_bias=o.bias is not None, **norms,
         softcap=None if softcap is None else float(softcap), sinks=sinks is not None,
+        **extra,
     )
     for dst, w, b in zip((ours.q_proj, ours.k_proj, ours.v_proj), ws, bs, strict=True):
         _copy(dst, w, b)
@@ -408,6 +416,32 @@ def _copy_all(ours: MultiHeadAttention, ws, bs, out: nn.Linear) -> MultiHeadAtte
         _copy(dst, w, b)
     _copy(ours.out_proj, out.weight, out.bias)
     return _place(ours, out.weight)
+
+
+def _llama4(attention, cfg, head_dim, family):
+    """Llama 4's layer: RoPE (interleaved) or NoPE per ``use_rope``; on RoPE layers the
+    weightless ``qk_norm`` (an RMS norm of each head, after RoPE in its code: rotations
+    keep the norm, so the package applies it before) and the chunk of chunked layers; on
+    NoPE layers the temperature tuning."""
+    idx = getattr(attention, "layer_idx", None)
+    types = cfg.get("layer_types") or []
+    if idx is None or not 0 <= int(idx) < len(types):
+        _refuse(family, f"the module's layer_idx ({idx}) does not index the config's "
+                f"layer_types")
+    norms, extra = {}, {}
+    qk_norm = getattr(attention, "qk_norm", None)
+    if qk_norm is not None:
+        if type(qk_norm).__name__ != "Llama4TextL2Norm" or list(qk_norm.parameters()):
+            _refuse(family, f"its qk_norm is a {type(qk_norm).__name__}, not the weightless "
+                    f"Llama4TextL2Norm")
+        norms = {"q_norm": copy.deepcopy(qk_norm), "k_norm": copy.deepcopy(qk_norm)}
+    if types[int(idx)] == "chunked_attention":
+        extra["chunk"] = int(cfg["attention_chunk_size"])
+    if attention.use_rope:
+        return _rotary(cfg, attention, head_dim, family), norms, extra
+    if attention.attn_temperature_tuning:
+        extra["temperature_tuning"] = (float(attention.floor_scale), float(attention.attn_scale))
+    return NoPE(), norms, extra
 
 
 def _smollm3_encoding(attention, cfg, head_dim, family) -> PositionEncoding:
