@@ -58,8 +58,6 @@ def _attention(fam, model_cls, path, **overrides):
 @pytest.mark.parametrize(("fam", "model_cls", "path", "overrides", "match"), [
     (F.DEEPSEEK_V3, "DeepseekV3Model", "layers.0.self_attn", {},
      "cannot load a deepseek_v3 attention layer: .*latent attention"),
-    (F.GEMMA4, "Gemma4TextModel", "layers.0.self_attn", {},
-     "cannot load a gemma4_text attention layer: .*head_dim"),
     (F.OLMO2, "Olmo2Model", "layers.0.self_attn", {},
      r"cannot load a 'olmo2' attention layer: the loader knows \["),
     (F.MPT, "MptModel", "blocks.0.attn", {"attn_config": {"clip_qkv": 6.0}},

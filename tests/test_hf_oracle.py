@@ -871,6 +871,16 @@ LOADER_CASES = {
     "gemma2-sliding": (F.GEMMA2, "Gemma2Model", "layers.0.self_attn",
                        {"layer_types": ["sliding_attention"]}, 10),
     # learned sinks (GPT-OSS), with biases and YaRN, on a sliding and a full layer
+    # Gemma 4: a sliding layer (head_dim 16, default RoPE, window 4) and a global one
+    # (head_dim 32, proportional RoPE with partial_rotary_factor 0.25), both with q/k norms
+    # and the weightless v_norm; the global one also with the values from the keys
+    "gemma4-sliding": (F.GEMMA4, "Gemma4TextModel", "layers.0.self_attn",
+                       {"num_hidden_layers": 1, "layer_types": ["sliding_attention"]}, 10),
+    "gemma4-full": (F.GEMMA4, "Gemma4TextModel", "layers.0.self_attn",
+                    {"num_hidden_layers": 1, "layer_types": ["full_attention"]}, 10),
+    "gemma4-full-k_eq_v": (F.GEMMA4, "Gemma4TextModel", "layers.0.self_attn",
+                           {"num_hidden_layers": 1, "layer_types": ["full_attention"],
+                            "attention_k_eq_v": True}, 10),
     # Llama 4: a RoPE layer with qk_norm and chunks of 4 positions (of 10 tokens), and a
     # NoPE layer with the temperature tuning (floor_scale 3, attn_scale 0.5: it changes
     # within 10 tokens); layer 0 each time

@@ -172,6 +172,10 @@ class MultiHeadAttention(nn.Module):
             (``[b, heads, s, head_dim] -> same shape``, acting on the last axis) before
             RoPE, as Qwen3's and Gemma 3's RMSNorm over ``head_dim`` (torchtune's
             ``q_norm``/``k_norm``). Keys are cached after them. Default: none.
+        v_norm: optional module applied to each value head (Gemma 4's weightless RMS
+            norm of the values). Default: none.
+        values_from_keys: the values are the key projection before ``k_norm`` and RoPE,
+            and there is no ``v_proj`` (Gemma 4's ``attention_k_eq_v`` global layers).
         compile_flex: compile FlexAttention (``False``: eager, slow, for debugging).
         window: sliding window ``w`` (a positive int): the query at cache slot ``i``
             sees key slots ``i - w < j <= i`` (``|i - j| < w`` when not causal);
@@ -222,6 +226,8 @@ class MultiHeadAttention(nn.Module):
         sinks: bool = False,
         chunk: int | None = None,
         temperature_tuning: tuple[float, float] | None = None,
+        v_norm: nn.Module | None = None,
+        values_from_keys: bool = False,
     ) -> None:
         super().__init__()
         check_positive_int("d_model", d_model)
@@ -242,7 +248,7 @@ class MultiHeadAttention(nn.Module):
                 raise TypeError(f"{name} must be a bool or None (= bias), got "
                                 f"{type(flag).__name__}")
             biases[name] = bool(bias) if flag is None else flag
-        for name, norm in (("q_norm", q_norm), ("k_norm", k_norm)):
+        for name, norm in (("q_norm", q_norm), ("k_norm", k_norm), ("v_norm", v_norm)):
             if norm is not None and not isinstance(norm, nn.Module):
                 raise TypeError(f"{name} must be an nn.Module (applied to each head, "
                                 f"[..., head_dim]) or None, got {type(norm).__name__}")
@@ -281,10 +287,15 @@ class MultiHeadAttention(nn.Module):
         self.scale = head_dim**-0.5 if scale is None else scale
         self.q_proj = nn.Linear(d_model, n_heads * head_dim, bias=biases["q_bias"])
         self.k_proj = nn.Linear(d_model, n_kv_heads * head_dim, bias=biases["k_bias"])
-        self.v_proj = nn.Linear(d_model, n_kv_heads * head_dim, bias=biases["v_bias"])
+        if not isinstance(values_from_keys, bool):
+            raise TypeError(f"values_from_keys must be a bool, got "
+                            f"{type(values_from_keys).__name__}")
+        self.v_proj = None if values_from_keys else nn.Linear(d_model, n_kv_heads * head_dim,
+                                                              bias=biases["v_bias"])
         self.out_proj = nn.Linear(n_heads * head_dim, d_model, bias=biases["o_bias"])
         self.q_norm = q_norm
         self.k_norm = k_norm
+        self.v_norm = v_norm
         self.softcap = None if softcap is None else check_positive_float("softcap", softcap)
         if not isinstance(sinks, bool):
             raise TypeError(f"sinks must be a bool, got {type(sinks).__name__}")
@@ -339,7 +350,8 @@ class MultiHeadAttention(nn.Module):
                      fix="move x (or the layer, with .to(device)) to one device")
         q = self.q_proj(x).view(b, s, self.n_heads, self.head_dim).transpose(1, 2)
         k = self.k_proj(x).view(b, s, self.n_kv_heads, self.head_dim).transpose(1, 2)
-        v = self.v_proj(x).view(b, s, self.n_kv_heads, self.head_dim).transpose(1, 2)
+        v = k if self.v_proj is None else (  # values from keys: before k_norm and RoPE
+            self.v_proj(x).view(b, s, self.n_kv_heads, self.head_dim).transpose(1, 2))
         out, weights = self._attend(q, k, v, positions, key_padding_mask, document_ids,
                                     kv_cache, return_weights)
         out = self.out_proj(out.transpose(1, 2).reshape(b, s, self.n_heads * self.head_dim))
@@ -442,6 +454,8 @@ class MultiHeadAttention(nn.Module):
             q = self.q_norm(q)
         if self.k_norm is not None:
             k = self.k_norm(k)
+        if self.v_norm is not None:  # per head (Gemma 4)
+            v = self.v_norm(v)
         q, k = self.encoding.rotate(q, k, q_pos, q_pos)
         if self.temperature_tuning is not None:  # Llama 4's NoPE layers, by cache slot
             floor_scale, attn_scale = self.temperature_tuning

@@ -42,6 +42,11 @@ Gemma 2             as Llama, scale ``query_pre_attn_scalar ** -0.5``, logit
                     sliding layers
 GPT-OSS             as Llama with biases, learned sinks (``sinks``, one per query
                     head), the window of sliding layers, YaRN
+Gemma 4 (text)      as Gemma 3 with the module's own ``head_dim`` (global layers:
+                    ``global_head_dim``) and its layer type's RoPE (global:
+                    ``proportional``, p-RoPE), scale 1, the weightless ``v_norm``,
+                    values from the keys where ``attention_k_eq_v``; layers that
+                    reuse another layer's keys and values are refused
 Llama 4 (text)      as Llama, interleaved RoPE; per layer ``use_rope``: RoPE layers
                     with the weightless ``qk_norm`` and, where the layer type is
                     ``chunked_attention``, chunks of ``attention_chunk_size``
@@ -50,8 +55,7 @@ Llama 4 (text)      as Llama, interleaved RoPE; per layer ``use_rope``: RoPE lay
 ==================  ============================================================
 
 A family the package cannot express is refused by name (``ValueError``), never
-approximated: DeepSeek-V2/V3 (multi-head latent attention), Gemma 4 (a head_dim per
-layer type), T5 and any other
+approximated: DeepSeek-V2/V3 (multi-head latent attention), T5 and any other
 ``model_type``. A supported family's module with something the loader does not know (an
 extra submodule, soft-capping or sinks outside Gemma 2 and GPT-OSS, a norm of another
 class, MPT's ``clip_qkv`` or ``qk_ln``) is refused too.
@@ -102,16 +106,15 @@ SUPPORTED_FAMILIES = {
     "gemma2": "Gemma 2",
     "gpt_oss": "GPT-OSS",
     "llama4_text": "Llama 4 (text)",
+    "gemma4_text": "Gemma 4 (text)",
 }
 
 #: ``model_type`` -> why :func:`from_hf_attention` refuses the family.
 REFUSED_FAMILIES = {
     "gemma3": "this is Gemma 3's multimodal config: pass its text config (config.text_config, "
               "model_type 'gemma3_text') with the language model's attention module",
-    "gemma4_text": "Gemma 4's global layers have their own head_dim (per_layer_config): the "
-                   "loader does not build a layer per layer type yet",
-    "gemma4": "Gemma 4's global layers have their own head_dim (per_layer_config): the loader "
-              "does not build a layer per layer type yet",
+    "gemma4": "this is Gemma 4's multimodal config: pass its text config (config.text_config, "
+              "model_type 'gemma4_text') with the language model's attention module",
     "deepseek_v2": "DeepSeek-V2 uses multi-head latent attention (low-rank q and kv, decoupled "
                    "RoPE on part of each head): not one MultiHeadAttention",
     "deepseek_v3": "DeepSeek-V3 uses multi-head latent attention (low-rank q and kv, decoupled "
@@ -123,7 +126,7 @@ REFUSED_FAMILIES = {
 }
 
 #: Norm classes whose copies act on each head (``[..., head_dim]``), as the loader needs.
-_HEAD_NORMS = {"Qwen3RMSNorm", "Gemma3RMSNorm"}
+_HEAD_NORMS = {"Qwen3RMSNorm", "Gemma3RMSNorm", "Gemma4RMSNorm"}
 
 #: The submodules each layout of attention module may have, and nothing else.
 _LLAMA_CHILDREN = {"q_proj", "k_proj", "v_proj", "o_proj"}
@@ -143,6 +146,7 @@ _CHILDREN = {
     "gemma2": _LLAMA_CHILDREN,
     "gpt_oss": _LLAMA_CHILDREN,
     "llama4_text": _LLAMA_CHILDREN | {"qk_norm"},
+    "gemma4_text": _LLAMA_CHILDREN | {"q_norm", "k_norm", "v_norm"},
 }
 
 #: Subclasses of ``nn.Linear`` whose forward is ``x @ weight.T + bias``, as nn.Linear's.
@@ -322,19 +326,25 @@ def from_hf_attention(attention: nn.Module, config, *, backend: str = "auto",
         bs = [None] * 3 if qkv.bias is None else qkv.bias.split(sizes)
         has_bias = [qkv.bias is not None] * 3
     else:
-        projs = [_linear(attention, n, family) for n in ("q_proj", "k_proj", "v_proj")]
+        if model_type == "gemma4_text":
+            _gemma4_checks(attention, family)
+        names = ["q_proj", "k_proj"] + ([] if _values_from_keys(attention) else ["v_proj"])
+        projs = [_linear(attention, n, family) for n in names]
         n_kv = projs[1].out_features // head_dim
-        ws = [p.weight for p in projs]
-        bs = [p.bias for p in projs]
-        has_bias = [p.bias is not None for p in projs]
+        ws = [p.weight for p in projs] + [None] * (3 - len(projs))
+        bs = [p.bias for p in projs] + [None] * (3 - len(projs))
+        has_bias = [p.bias is not None for p in projs] + [False] * (3 - len(projs))
     if n_heads * n_kv == 0 or n_heads % n_kv:
         _refuse(family, f"{n_heads} query heads and {n_kv} key/value heads")
+    norms, extra = {}, {}
     window = getattr(attention, "sliding_window", None)
     if model_type in ("mistral", "phi3"):  # their masks read the window from the config
         window = cfg.get("sliding_window")
-    norms, extra = {}, {}
-    if model_type in ("qwen3", "gemma3_text"):
+    if model_type in ("qwen3", "gemma3_text", "gemma4_text"):
         norms = {n: _norm_copy(attention, n, family, head_dim) for n in ("q_norm", "k_norm")}
+    if model_type == "gemma4_text":
+        norms["v_norm"] = _weightless_norm_copy(attention, "v_norm", family)
+        extra["values_from_keys"] = _values_from_keys(attention)
     if model_type == "smollm3":
         encoding = _smollm3_encoding(attention, cfg, head_dim, family)
     elif model_type == "llama4_text":
@@ -351,7 +361,8 @@ def from_hf_attention(attention: nn.Module, config, *, backend: str = "auto",
         **extra,
     )
     for dst, w, b in zip((ours.q_proj, ours.k_proj, ours.v_proj), ws, bs, strict=True):
-        _copy(dst, w, b)
+        if dst is not None:  # no v_proj: the values are the keys (Gemma 4)
+            _copy(dst, w, b)
     _copy(ours.out_proj, o.weight, o.bias)
     if sinks is not None:
         if tuple(sinks.shape) != (n_heads,):
@@ -416,6 +427,27 @@ def _copy_all(ours: MultiHeadAttention, ws, bs, out: nn.Linear) -> MultiHeadAtte
         _copy(dst, w, b)
     _copy(ours.out_proj, out.weight, out.bias)
     return _place(ours, out.weight)
+
+
+def _values_from_keys(attention) -> bool:
+    """Gemma 4's ``attention_k_eq_v`` global layers: no ``v_proj``, the values are the keys."""
+    return bool(getattr(attention, "use_alternative_attention", False))
+
+
+def _gemma4_checks(attention, family) -> None:
+    if getattr(attention, "is_kv_shared_layer", False):
+        _refuse(family, "this layer reuses the keys and values of an earlier layer "
+                "(kv_sharing_modes 'reuse'): it is not one attention layer on its own")
+    if _values_from_keys(attention) != (getattr(attention, "v_proj", None) is None):
+        _refuse(family, "use_alternative_attention and the presence of v_proj disagree")
+
+
+def _weightless_norm_copy(attention, name: str, family: str) -> nn.Module:
+    norm = getattr(attention, name)
+    if type(norm).__name__ not in _HEAD_NORMS or list(norm.parameters()):
+        _refuse(family, f"its {name} is a {type(norm).__name__} with weights, not the "
+                f"weightless per-head norm the loader knows")
+    return copy.deepcopy(norm)
 
 
 def _llama4(attention, cfg, head_dim, family):
