@@ -51,12 +51,28 @@ from tutorial_pkg.models.swap import set_rope_scaling, swap_attention  # noqa: E
 RULES = ("none", "linear", "ntk", "yarn", "dynamic")
 TRAINED = 8192  # SmolLM2-135M's max_position_embeddings
 
+#: The claims the record tests, fixed before it was run and written into it first:
+#: (name, rule, length, against rule, against length, sign). Each is a paired difference
+#: of block NLLs, ``rule@length - against@against_length``, claimed ``< 0`` or ``> 0``;
+#: decided by its t interval over blocks at ``1 - ALPHA / len(CLAIMS)`` (Bonferroni):
+#: "holds" where the interval lies on the claimed side, "refuted" on the other, else
+#: "not resolved".
+CLAIMS = (
+    ("no scaling degrades past the trained length", "none", 16384, "none", 8192, ">"),
+    ("PI recovers at 2x", "linear", 16384, "none", 16384, "<"),
+    ("NTK-aware recovers at 2x", "ntk", 16384, "none", 16384, "<"),
+    ("YaRN recovers at 2x", "yarn", 16384, "none", 16384, "<"),
+    ("dynamic NTK recovers at 2x", "dynamic", 16384, "none", 16384, "<"),
+    ("PI costs inside the trained length", "linear", 2048, "none", 2048, ">"),
+)
+ALPHA = 0.05
+
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--lengths", type=int, nargs="+", default=[2048, 8192, 16384],
-                   help="context lengths N (default 2048 8192 16384)")
-    p.add_argument("--blocks", type=int, default=4, help="target blocks (default 4)")
+    p.add_argument("--lengths", type=int, nargs="+", default=[512, 2048, 8192, 16384],
+                   help="context lengths N (default 512 2048 8192 16384)")
+    p.add_argument("--blocks", type=int, default=5, help="target blocks (default 5)")
     p.add_argument("--targets", type=int, default=256, help="scored tokens per block")
     p.add_argument("--factor", type=float, default=2.0, help="the rules' factor (default 2)")
     p.add_argument("--original", type=int, default=TRAINED,
@@ -101,6 +117,27 @@ def block_nll(model, ids: torch.Tensor, end: int, length: int, n_targets: int) -
     return float(F.cross_entropy(logits.float(), window[-n_targets:]).double())
 
 
+def decide_claims(results: list[dict], claims=CLAIMS, alpha: float = ALPHA) -> list[dict]:
+    """Each claim decided from the per-block NLLs of ``results`` (see :data:`CLAIMS`)."""
+    from tutorial_pkg.experiments.stats import paired_difference
+
+    nll = {(r["rule"], r["length"]): r["nll_by_block"] for r in results}
+    confidence = 1 - alpha / len(claims)
+    out = []
+    for name, rule, n, against, n_against, sign in claims:
+        if (rule, n) not in nll or (against, n_against) not in nll:
+            out.append({"claim": name, "verdict": "not measured"})
+            continue
+        d = paired_difference(nll[rule, n], nll[against, n_against], confidence=confidence)
+        low, high = d["low"], d["high"]
+        side = (high < 0) if sign == "<" else (low > 0)
+        other = (low > 0) if sign == "<" else (high < 0)
+        out.append({"claim": name, "difference": d["mean"], "low": low, "high": high,
+                    "confidence": confidence,
+                    "verdict": "holds" if side else "refuted" if other else "not resolved"})
+    return out
+
+
 def commit() -> str | None:
     try:
         return subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
@@ -121,6 +158,12 @@ def main(argv=None) -> dict:
     ids = heldout_ids(tokenizer)
     ends = target_windows(ids, max(args.lengths), args.blocks)
     hardware = bm.hardware_info("cpu")
+    claims = [dict(zip(("claim", "rule", "length", "against", "against_length", "sign"), c,
+                       strict=True)) for c in CLAIMS]
+    if args.out is not None:  # the claims go into the record before anything is measured
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps({"claims": claims, "alpha": ALPHA, "status": "running"},
+                                       indent=1) + "\n", encoding="utf-8")
     print(f"{hardware['cpu']}, {hardware['num_threads']} thread(s); {ids.numel()} held-out "
           f"tokens, {args.blocks} blocks of {args.targets} targets", flush=True)
     results = []
@@ -140,13 +183,15 @@ def main(argv=None) -> dict:
         "n_tokens": ids.numel(), "block_ends": ends, "targets": args.targets,
         "factor": args.factor, "original_max_position_embeddings": args.original,
         "rules": {name: rule_dict(name, args.factor, args.original) for name in args.rules},
-        "results": results,
+        "claims": claims, "alpha": ALPHA, "status": "done",
+        "results": results, "decided": decide_claims(results),
         "hardware": {**hardware, "commit": commit(), "run_time_s": time.perf_counter() - t0,
                      "command": "python benchmarks/smollm2_context.py " + shlex.join(
                          sys.argv[1:] if argv is None else list(argv))},
     }
+    for d in payload["decided"]:
+        print(f"{d['claim']}: {d['verdict']}")
     if args.out is not None:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(payload, indent=1, allow_nan=False) + "\n",
                             encoding="utf-8")
         print(f"wrote {args.out}")

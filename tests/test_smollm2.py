@@ -117,3 +117,20 @@ def test_context_record_script_scores_the_same_targets_under_each_rule(models):
     assert inside == nll["none"]
     with pytest.raises(ValueError, match="fewer than"):
         target_windows(ids[:100], 200, 2)
+
+
+def test_context_claims_are_decided_from_paired_blocks():
+    from benchmarks.smollm2_context import CLAIMS, decide_claims
+
+    base = [3.0, 3.2, 2.9, 3.1]
+    results = [{"rule": "none", "length": 8192, "nll_by_block": base},
+               {"rule": "none", "length": 16384, "nll_by_block": [x + 1.0 for x in base]},
+               {"rule": "linear", "length": 16384, "nll_by_block": [x + 1.01 for x in base]},
+               {"rule": "yarn", "length": 16384, "nll_by_block": [3.0, 4.5, 3.9, 4.3]}]
+    got = {d["claim"]: d for d in decide_claims(results)}
+    assert set(got) == {c[0] for c in CLAIMS}
+    assert got["no scaling degrades past the trained length"]["verdict"] == "holds"
+    assert got["PI recovers at 2x"]["verdict"] == "refuted"  # worse in every block
+    assert got["YaRN recovers at 2x"]["verdict"] == "not resolved"
+    assert got["NTK-aware recovers at 2x"]["verdict"] == "not measured"
+    assert got["PI recovers at 2x"]["confidence"] == pytest.approx(1 - 0.05 / len(CLAIMS))
