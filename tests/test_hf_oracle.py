@@ -963,6 +963,26 @@ def test_probe_rope_reads_hf_families(fam, layout, rotary_dim, base):
     assert (report.layout, report.rotary_dim, report.base) == (layout, rotary_dim, base)
 
 
+def test_compare_rope_with_the_config_accepts_gemma4_proportional_rope():
+    """Gemma 4's global layers rotate pairs (i, i + d/2) of the first frequencies only (the
+    proportional rule): against the config's own RoPE, transformers' function is right;
+    against a plain partial-rotary reference it reads as a wrong slice, and the report says
+    that a rule may do so on purpose."""
+    config = F.GEMMA4.make_config()
+    fn = _hf_rope_fn(F.GEMMA4, config, "full_attention")
+    report = diagnose.compare_rope(fn, None, 32, config=config, layer_type="full_attention",
+                                   dtype=torch.float64)
+    assert report.ok, str(report)
+    partial = tp.RotaryEmbedding(32, 1_000_000.0, rotary_dim=8).rotate
+    wrong = diagnose.compare_rope(fn, partial, 32, dtype=torch.float64)
+    assert not wrong.ok and "wrong slice" in wrong.problems[0]
+    assert "proportional" in wrong.problems[0]
+    with pytest.raises(ValueError, match="exactly one of reference and config"):
+        diagnose.compare_rope(fn, partial, 32, config=config)
+    with pytest.raises(ValueError, match="head_dim=32, not head_dim=16"):
+        diagnose.compare_rope(fn, None, 16, config=config, layer_type="full_attention")
+
+
 def test_probe_rope_deepseek_interleave():
     """DeepSeek-V3's apply_rotary_pos_emb_interleave rotates adjacent pairs and returns the
     features de-interleaved (a fixed permutation; its scores depend only on m - n, max

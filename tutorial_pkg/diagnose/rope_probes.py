@@ -31,7 +31,7 @@ from .._checks import (
     check_positive_float,
     check_positive_int,
 )
-from ..encodings.rope import LAYOUTS
+from ..encodings.rope import LAYOUTS, RotaryEmbedding
 from .reports import Report, bound, first_true, measured
 
 __all__ = ["RopeReport", "PrecisionReport", "RopeComparisonReport", "probe_rope",
@@ -506,9 +506,11 @@ def _ranges(features: list) -> str:
 
 def compare_rope(
     rope: Callable[[torch.Tensor], torch.Tensor],
-    reference: Callable[[torch.Tensor], torch.Tensor],
+    reference: Callable[[torch.Tensor], torch.Tensor] | None,
     head_dim: int,
     *,
+    config=None,
+    layer_type: str | None = None,
     axes: str = "bhsd",
     n_heads: int = 1,
     seq_len: int = 64,
@@ -528,8 +530,15 @@ def compare_rope(
     Args:
         rope: the function under test, ``rope(x) -> rotated x`` as :func:`probe_rope`
             takes it.
-        reference: the function it must equal (same convention).
+        reference: the function it must equal (same convention), or None with ``config``.
         head_dim, axes, n_heads, seq_len, dtype: as :func:`probe_rope`.
+        config: instead of ``reference``, a Hugging Face config (or its dict): the
+            reference is the RoPE it asks for
+            (:meth:`~tutorial_pkg.encodings.rope.RotaryEmbedding.from_config`, every
+            ``rope_type``), so a rule such as ``proportional`` (Gemma 4's global layers:
+            pairs ``(i, i + d/2)`` with frequencies of the whole head, the rest still)
+            is compared with itself, not called a wrong slice.
+        layer_type: with ``config``, the layer type whose RoPE to read.
         tol: tolerance of the output comparison (default ``max(1e-5, 8 eps(dtype))``).
 
     Returns:
@@ -539,6 +548,14 @@ def compare_rope(
         TypeError: as :func:`probe_rope`.
         ValueError: as :func:`probe_rope`.
     """
+    if (reference is None) == (config is None):
+        raise ValueError("give exactly one of reference and config (the RoPE it asks for)")
+    if config is not None:
+        built = RotaryEmbedding.from_config(config, layer_type)
+        if built.head_dim != head_dim:
+            raise ValueError(f"the config's RoPE has head_dim={built.head_dim}, not "
+                             f"head_dim={head_dim}")
+        reference = built.rotate
     check_callable("reference", reference)
     tol = max(1e-5, 8 * torch.finfo(dtype).eps) if tol is None else (
         check_positive_float("tol", tol))
@@ -555,8 +572,11 @@ def compare_rope(
 
     problems = []
     if _rotated(mine) != _rotated(ref):
+        hint = ("the wrong slice of a partial rotary head?" if config is not None else
+                "the wrong slice of a partial rotary head, or a rule such as 'proportional' "
+                "that rotates these features on purpose? compare with config= to know")
         problems.append(f"rotates {_ranges(_rotated(mine))}; the reference rotates "
-                        f"{_ranges(_rotated(ref))} (the wrong slice of a partial rotary head?)")
+                        f"{_ranges(_rotated(ref))} ({hint})")
     elif mine.pairs != ref.pairs:
         problems.append(f"pairs the rotated features as {mine.layout}; the reference as "
                         f"{ref.layout}")
