@@ -933,6 +933,43 @@ def test_loader_from_hf_attention(name, backend, padded, record_property):
                            _residual_post(fam, seen))
 
 
+@pytest.mark.parametrize("backend", [*BACKENDS, pytest.param("flex", marks=pytest.mark.skipif(
+    not tp.backends.flex_available()[0], reason="FlexAttention unavailable"))])
+@pytest.mark.parametrize("name", ["qwen2_5_vl", "qwen3_vl"])
+def test_loader_mrope_families_on_text_and_image_positions(name, backend, record_property):
+    """Qwen2.5-VL's and Qwen3-VL's text attention (M-RoPE, contiguous and interleaved),
+    loaded and called with the [3, b, s] positions of a text + image sequence
+    (mrope_positions, equal to transformers' get_rope_index in tests/test_mrope.py)."""
+    from tutorial_pkg.encodings.mrope import mrope_positions
+
+    cfg_cls, model_cls = {"qwen2_5_vl": ("Qwen2_5_VLTextConfig", "Qwen2_5_VLTextModel"),
+                          "qwen3_vl": ("Qwen3VLTextConfig", "Qwen3VLTextModel")}[name]
+    if not hasattr(transformers, model_cls):
+        pytest.skip(f"transformers {transformers.__version__} has no {model_cls}")
+    config = getattr(transformers, cfg_cls)(
+        hidden_size=64, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+        num_hidden_layers=1, vocab_size=32, intermediate_size=64, pad_token_id=None,
+        bos_token_id=None, eos_token_id=None, attn_implementation="eager",
+        rope_parameters={"rope_type": "default", "rope_theta": 1e6, "mrope_section": [4, 2, 2]})
+    torch.manual_seed(0)
+    model = getattr(transformers, model_cls)(config).double().eval()
+    attn = model.layers[0].self_attn
+    _randomize(attn)
+    pos = mrope_positions([("text", 3), ("image", (1, 2, 3)), ("text", 2),
+                           ("image", (2, 2, 2)), ("text", 1)]).expand(3, 2, -1)
+    ids = torch.randint(1, 32, (2, pos.shape[-1]))
+    seen = _capture(attn, lambda: model(input_ids=ids, position_ids=pos))
+    ours = tp.hf.from_hf_attention(attn, config, backend=backend)
+    assert type(ours.encoding).__name__ == "MRotary" and ours.encoding.interleaved == (
+        name == "qwen3_vl")
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.filterwarnings("error", message="flex backend falls back", category=RuntimeWarning)
+        out = ours(seen["x"], positions=pos)
+    err = _max_err(out, seen["y"])
+    record_property("max_err", f"{err:.3g}")
+    assert err <= OUT_TOL, f"attention outputs differ by {err:.3g}"
+
+
 # =========================================================================== 5. diagnose
 def _hf_rope_fn(fam, config, layer_type=None):
     """``x [b, h, s, d] -> rotated x`` with the family's own code (for diagnose.probe_rope)."""

@@ -58,6 +58,7 @@ TESTS_OF = {
     "encodings/builtin.py": "test_encodings.py",
     "encodings/registry.py": "test_registry.py",
     "encodings/relative_bias.py": "test_relative_bias.py",
+    "encodings/mrope.py": "test_mrope.py",
     "encodings/rope.py": "test_rope.py",
     "encodings/rope_config.py": "test_rope_config.py",
     "encodings/rope_kernels.py": "test_rope_kernels.py",

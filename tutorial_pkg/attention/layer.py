@@ -326,7 +326,9 @@ class MultiHeadAttention(nn.Module):
             x: ``[b, s, d_model]`` floating-point input.
             positions: optional integer positions ``(s,)`` or ``[b, s]`` of the ``s``
                 tokens; default ``t + arange(s)`` with ``t`` the cache length (0
-                without cache). For a left-padded batch use
+                without cache). ``[3, b, s]`` (time, height, width) for an M-RoPE
+                encoding (:class:`~tutorial_pkg.encodings.mrope.MRotary`): the masks and
+                the cache then use the time axis. For a left-padded batch use
                 :func:`~tutorial_pkg.attention.positions.positions_from_padding`.
             key_padding_mask: optional ``(b, L_k)`` bool, ``True`` = padding, where
                 ``L_k`` counts cached plus new keys.
@@ -437,6 +439,10 @@ class MultiHeadAttention(nn.Module):
         start = kv_cache.length if kv_cache is not None else 0
         # default positions (start + arange): known without reading any tensor
         default = positions is None and (kv_cache is None or kv_cache.default_positions)
+        rot_pos = None  # M-RoPE's [3, b, s] (time, height, width), for the encoding only
+        if isinstance(positions, torch.Tensor) and positions.dim() == 3:
+            rot_pos = self._axes_positions(positions, b, s, device)
+            positions = rot_pos[0]  # the plan's positions: the time axis (text's index)
         if positions is None:
             q_pos = torch.arange(start, start + s, device=device)[None]
         else:
@@ -456,7 +462,8 @@ class MultiHeadAttention(nn.Module):
             k = self.k_norm(k)
         if self.v_norm is not None:  # per head (Gemma 4)
             v = self.v_norm(v)
-        q, k = self.encoding.rotate(q, k, q_pos, q_pos)
+        rot = q_pos if rot_pos is None else rot_pos
+        q, k = self.encoding.rotate(q, k, rot, rot)
         if self.temperature_tuning is not None:  # Llama 4's NoPE layers, by cache slot
             floor_scale, attn_scale = self.temperature_tuning
             slots = torch.arange(start, start + s, device=device, dtype=torch.float32)
@@ -472,6 +479,17 @@ class MultiHeadAttention(nn.Module):
             sinks=self.sinks, chunk=self.chunk,
         )
         return q, k, v, plan
+
+    def _axes_positions(self, positions, b, s, device):
+        if getattr(self.encoding, "position_axes", 1) != 3:
+            raise ValueError(f"positions of shape {tuple(positions.shape)} are M-RoPE's [3, b, s] "
+                             f"(time, height, width); this layer's encoding "
+                             f"{type(self.encoding).__name__} takes (s,) or [b, s]")
+        if positions.shape[0] != 3 or positions.shape[2] != s or positions.shape[1] not in (1, b):
+            raise ValueError(f"positions [3, b, s] must have shape (3, {b} or 1, {s}), got "
+                             f"{tuple(positions.shape)}")
+        rows = [as_batched_positions("positions", p, b, s) for p in positions]
+        return torch.stack(rows).to(device)
 
     def _plan_scale(self) -> float | None:
         # None: the default 1/sqrt(head_dim), computed by each backend as it always was

@@ -10,7 +10,7 @@ encoding (a :class:`~tutorial_pkg.encodings.builtin.PositionEncoding` subclass) 
 classmethod receives the model's sizes.
 
 This module sits above :mod:`~tutorial_pkg.encodings.builtin`,
-:mod:`~tutorial_pkg.encodings.relative_bias`
+:mod:`~tutorial_pkg.encodings.mrope`, :mod:`~tutorial_pkg.encodings.relative_bias`
 and :mod:`~tutorial_pkg.encodings.schedules` (it names classes from all three); the three names
 below are also importable from :mod:`~tutorial_pkg.encodings.builtin`.
 """
@@ -19,13 +19,14 @@ from __future__ import annotations
 
 from .._checks import check_bool, check_choice, check_positive_int
 from .builtin import ALiBi, Hybrid, Learned, NoPE, PositionEncoding, PRoPE, Rotary, Sinusoidal
+from .mrope import MRotary
 from .relative_bias import T5RelativeBias
 from .schedules import LayerSchedule, LocalGlobal, NoPEEvery
 
 __all__ = ["BUILTINS", "ENCODINGS", "register_encoding", "make_encoding"]
 
 #: The built-in encodings and schedules, registered under their ``name``.
-BUILTINS = (NoPE, Sinusoidal, Learned, Rotary, PRoPE, ALiBi, Hybrid, T5RelativeBias,
+BUILTINS = (NoPE, Sinusoidal, Learned, Rotary, PRoPE, ALiBi, Hybrid, T5RelativeBias, MRotary,
             NoPEEvery, LocalGlobal)
 
 #: The registry of encodings and schedules, by name. :func:`make_encoding` looks names

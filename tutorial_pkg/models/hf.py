@@ -47,6 +47,10 @@ Gemma 4 (text)      as Gemma 3 with the module's own ``head_dim`` (global layers
                     ``proportional``, p-RoPE), scale 1, the weightless ``v_norm``,
                     values from the keys where ``attention_k_eq_v``; layers that
                     reuse another layer's keys and values are refused
+Qwen2-VL, Qwen2.5-VL as Qwen2 (q/k/v biases) with M-RoPE
+(text)              (:class:`~tutorial_pkg.encodings.mrope.MRotary`, ``mrope_section``);
+                    call the layer with ``[3, b, s]`` positions
+Qwen3-VL (text)     as Qwen3 (QK-norm) with interleaved M-RoPE
 Llama 4 (text)      as Llama, interleaved RoPE; per layer ``use_rope``: RoPE layers
                     with the weightless ``qk_norm`` and, where the layer type is
                     ``chunked_attention``, chunks of ``attention_chunk_size``
@@ -85,6 +89,7 @@ from torch import nn
 
 from ..attention.layer import MultiHeadAttention
 from ..encodings.builtin import ALiBi, NoPE, PositionEncoding, Rotary
+from ..encodings.mrope import MRotary
 from ..encodings.rope_config import read_rope_config
 
 __all__ = ["SUPPORTED_FAMILIES", "REFUSED_FAMILIES", "from_hf_attention", "padding_mask"]
@@ -107,6 +112,9 @@ SUPPORTED_FAMILIES = {
     "gpt_oss": "GPT-OSS",
     "llama4_text": "Llama 4 (text)",
     "gemma4_text": "Gemma 4 (text)",
+    "qwen2_vl_text": "Qwen2-VL (text)",
+    "qwen2_5_vl_text": "Qwen2.5-VL (text)",
+    "qwen3_vl_text": "Qwen3-VL (text)",
 }
 
 #: ``model_type`` -> why :func:`from_hf_attention` refuses the family.
@@ -126,7 +134,7 @@ REFUSED_FAMILIES = {
 }
 
 #: Norm classes whose copies act on each head (``[..., head_dim]``), as the loader needs.
-_HEAD_NORMS = {"Qwen3RMSNorm", "Gemma3RMSNorm", "Gemma4RMSNorm"}
+_HEAD_NORMS = {"Qwen3RMSNorm", "Gemma3RMSNorm", "Gemma4RMSNorm", "Qwen3VLTextRMSNorm"}
 
 #: The submodules each layout of attention module may have, and nothing else.
 _LLAMA_CHILDREN = {"q_proj", "k_proj", "v_proj", "o_proj"}
@@ -147,7 +155,13 @@ _CHILDREN = {
     "gpt_oss": _LLAMA_CHILDREN,
     "llama4_text": _LLAMA_CHILDREN | {"qk_norm"},
     "gemma4_text": _LLAMA_CHILDREN | {"q_norm", "k_norm", "v_norm"},
+    "qwen2_vl_text": _LLAMA_CHILDREN,
+    "qwen2_5_vl_text": _LLAMA_CHILDREN,
+    "qwen3_vl_text": _LLAMA_CHILDREN | {"q_norm", "k_norm"},
 }
+#: M-RoPE families: (``mrope_section`` default of their rotary module, interleaved).
+_MROPE = {"qwen2_vl_text": ((16, 24, 24), False), "qwen2_5_vl_text": ((16, 24, 24), False),
+          "qwen3_vl_text": ((24, 20, 20), True)}
 
 #: Subclasses of ``nn.Linear`` whose forward is ``x @ weight.T + bias``, as nn.Linear's.
 _PLAIN_LINEARS = {"FalconLinear"}
@@ -340,7 +354,7 @@ def from_hf_attention(attention: nn.Module, config, *, backend: str = "auto",
     window = getattr(attention, "sliding_window", None)
     if model_type in ("mistral", "phi3"):  # their masks read the window from the config
         window = cfg.get("sliding_window")
-    if model_type in ("qwen3", "gemma3_text", "gemma4_text"):
+    if model_type in ("qwen3", "gemma3_text", "gemma4_text", "qwen3_vl_text"):
         norms = {n: _norm_copy(attention, n, family, head_dim) for n in ("q_norm", "k_norm")}
     if model_type == "gemma4_text":
         norms["v_norm"] = _weightless_norm_copy(attention, "v_norm", family)
@@ -349,6 +363,8 @@ def from_hf_attention(attention: nn.Module, config, *, backend: str = "auto",
         encoding = _smollm3_encoding(attention, cfg, head_dim, family)
     elif model_type == "llama4_text":
         encoding, norms, extra = _llama4(attention, cfg, head_dim, family)
+    elif model_type in _MROPE:
+        encoding = _mrope(cfg, head_dim, family, *_MROPE[model_type])
     else:
         encoding = _rotary(cfg, attention, head_dim, family)
     ours = MultiHeadAttention(
@@ -427,6 +443,20 @@ def _copy_all(ours: MultiHeadAttention, ws, bs, out: nn.Linear) -> MultiHeadAtte
         _copy(dst, w, b)
     _copy(ours.out_proj, out.weight, out.bias)
     return _place(ours, out.weight)
+
+
+def _mrope(cfg: dict, head_dim: int, family: str, section, interleaved) -> PositionEncoding:
+    """M-RoPE from ``rope_parameters`` (``mrope_section``, else the rotary module's default)."""
+    rope = cfg.get("rope_parameters") or {}
+    if rope.get("rope_type", "default") != "default":
+        _refuse(family, f"rope_type {rope.get('rope_type')!r} with M-RoPE: the loader reads "
+                f"the default rule only")
+    section = rope.get("mrope_section", section)
+    try:
+        return MRotary(head_dim, float(rope.get("rope_theta", 10000.0)), mrope_section=section,
+                       interleaved=interleaved)
+    except ValueError as err:
+        _refuse(family, str(err))
 
 
 def _values_from_keys(attention) -> bool:
