@@ -196,7 +196,7 @@ class AttentionPlan:
 
     @property
     def shapes_scores(self) -> bool:
-        """Soft-capping or sinks: the scores or the softmax are not SDPA's."""
+        """Whether soft-capping or sinks change the scores or the softmax (SDPA cannot)."""
         return self.softcap is not None or self.sinks is not None
 
     @property
@@ -205,7 +205,8 @@ class AttentionPlan:
 
     @property
     def reads_data(self) -> bool:
-        """A rule reads tensors (documents, chunks of positions): no cached mask serves it."""
+        """Whether a rule reads tensors (documents, chunks of positions), so that no cached
+        mask serves the call."""
         return self.q_doc is not None or self.chunk is not None
 
     @property

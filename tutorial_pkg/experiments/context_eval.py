@@ -1,6 +1,6 @@
 """Evaluations that measure context: the same targets at every length, with intervals.
 
-:func:`~tutorial_pkg.experiments.training.evaluate` scores the last quarter of each window; at
+:func:`~tutorial_pkg.experiments.evaluation.evaluate` scores the last quarter of each window; at
 ``m * L`` those are different tokens for each ``m``, so text difficulty mixes with context.
 This module adds, alongside it (its results are unchanged):
 
@@ -40,7 +40,7 @@ def fixed_target_windows(
     """Windows of each length ``N`` that end with the same ``target_len`` targets.
 
     ``n_blocks`` blocks of ``max(lengths)`` tokens, evenly spaced over the held-out text
-    (:func:`~tutorial_pkg.experiments.training.evaluation_blocks`); the window of length ``N`` is
+    (:func:`~tutorial_pkg.experiments.evaluation.evaluation_blocks`); the window of length ``N`` is
     the last ``N`` tokens of each block, so its last ``target_len`` targets are the same for every
     ``N`` and only the ``N - target_len`` tokens of context before them change.
 
@@ -104,7 +104,7 @@ def evaluate_fixed_targets(
 
     Args:
         model, heldout_ids, train_len, multiples, scaling, batch_tokens, amp, encoding_name:
-            as :func:`~tutorial_pkg.experiments.training.evaluate`.
+            as :func:`~tutorial_pkg.experiments.evaluation.evaluate`.
         target_len: ``T``, scored tokens per block (``<= train_len``).
         n_blocks: target blocks (the bootstrap resamples them).
         seed: seed of the bootstrap.
@@ -155,7 +155,7 @@ def all_token_perplexity(
 
     The measure of the ALiBi paper's extrapolation tables (every token of each window
     scored, windows not overlapping); the same tokens as ``ppl_all`` of
-    :func:`~tutorial_pkg.experiments.training.evaluate` for the same ``eval_tokens``. The interval
+    :func:`~tutorial_pkg.experiments.evaluation.evaluate` for the same ``eval_tokens``. The interval
     resamples the blocks of ``max(multiples) * train_len`` tokens, the unit every length
     shares.
 

@@ -103,7 +103,7 @@ def retrieval_test(
         ``nll_control``, ``gain``, ``acc_copy``, ``acc_control`` (top-1 accuracy of the
         scored tokens; floats) and ``note``.
         Where the encoding cannot represent the window (its ``max_positions``, see
-        :func:`~tutorial_pkg.experiments.training.position_limit`) the measures are ``None`` and
+        :func:`~tutorial_pkg.experiments.evaluation.position_limit`) the measures are ``None`` and
         ``note`` says why.
 
     Raises:

@@ -48,7 +48,7 @@ from ..encodings.schedules import LayerSchedule
 from ..measure.records import text_table
 from ..models.tiny_lm import TinyLM
 from .data import batch_iterator, load_splits
-from .evaluation import (  # re-exported: evaluation is this module's other half
+from .evaluation import (  # noqa: F401 (re-exported: importable from here, as before)
     SCALING_TYPES,
     autocast,
     check_evaluation,
@@ -63,27 +63,16 @@ from .evaluation import (  # re-exported: evaluation is this module's other half
 )
 
 __all__ = [
-    "SCALING_TYPES",
     "ExperimentConfig",
     "training_batches",
     "build_model",
     "train",
-    "position_limit",
-    "scaling_for",
-    "scaled_rope",
-    "evaluation_blocks",
-    "evaluate",
     "run_extrapolation",
     "format_table",
     "summarize_seeds",
     "check_config",
     "lr_factor",
     "make_optimizer",
-    "autocast",
-    "check_scalable",
-    "token_nll",
-    "check_evaluation",
-    "nll_by_length",
 ]
 
 
@@ -401,18 +390,21 @@ def run_extrapolation(
         encodings: encoding names, e.g. ``["nope", "sinusoidal", "learned", "rope",
             "alibi", "hybrid"]``.
         cfg: the experiment configuration.
-        rope_scalings: rules from :data:`SCALING_TYPES` (``()`` for none).
+        rope_scalings: rules from
+            :data:`~tutorial_pkg.experiments.evaluation.SCALING_TYPES` (``()`` for none).
         train_ids, heldout_ids: token tensors (default:
             :func:`~tutorial_pkg.experiments.data.load_splits`).
         encoding_kwargs: ``{name: kwargs}`` for encodings that need options.
-        keep_positions: keep per-position NLL in the records (see :func:`evaluate`).
+        keep_positions: keep per-position NLL in the records (see
+            :func:`~tutorial_pkg.experiments.evaluation.evaluate`).
         models: optional dict that receives ``{name: (model, losses)}`` for each
             trained encoding, for attention maps and loss curves.
         progress: show tqdm progress bars.
 
     Returns:
-        The records of :func:`evaluate`, each with ``final_train_loss`` (mean of the
-        last 10% of steps) added, in the order encodings x scalings x multiples.
+        The records of :func:`~tutorial_pkg.experiments.evaluation.evaluate`, each with
+        ``final_train_loss`` (mean of the last 10% of steps) added, in the order encodings x
+        scalings x multiples.
     """
     cfg = check_config(cfg)
     if isinstance(encodings, str) or not isinstance(encodings, Sequence) or not encodings:
@@ -465,7 +457,8 @@ def format_table(
     """A plain-text table: one row per (encoding, scaling), one column per evaluation length.
 
     Args:
-        records: records from :func:`evaluate` / :func:`run_extrapolation`.
+        records: records from :func:`~tutorial_pkg.experiments.evaluation.evaluate` /
+            :func:`run_extrapolation`.
         value: the record key to show (``"ppl_all"``, ``"ppl_last_quarter"``, ...).
         digits: decimals.
 

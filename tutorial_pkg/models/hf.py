@@ -47,8 +47,8 @@ Gemma 4 (text)      as Gemma 3 with the module's own ``head_dim`` (global layers
                     ``proportional``, p-RoPE), scale 1, the weightless ``v_norm``,
                     values from the keys where ``attention_k_eq_v``; layers that
                     reuse another layer's keys and values are refused
-Qwen2-VL, Qwen2.5-VL as Qwen2 (q/k/v biases) with M-RoPE
-(text)              (:class:`~tutorial_pkg.encodings.mrope.MRotary`, ``mrope_section``);
+Qwen2(.5)-VL text   as Qwen2 (q/k/v biases) with M-RoPE
+                    (:class:`~tutorial_pkg.encodings.mrope.MRotary`, ``mrope_section``);
                     call the layer with ``[3, b, s]`` positions
 Qwen3-VL (text)     as Qwen3 (QK-norm) with interleaved M-RoPE
 Llama 4 (text)      as Llama, interleaved RoPE; per layer ``use_rope``: RoPE layers
