@@ -300,8 +300,9 @@ def flex(q, k, v, plan: AttentionPlan, encoding: PositionEncoding, *, dropout_p:
         )
     if sinks:  # sum_j e^x_j = e^lse: the sink's share of the denominator, taken out
         out, lse = out
-        keep = torch.sigmoid(lse.float() - plan.sinks.float().view(1, -1, 1))[..., None]
-        out = (out.float() * keep).to(q.dtype)
+        work = torch.promote_types(q.dtype, torch.float32)  # float64 stays float64
+        keep = torch.sigmoid(lse.to(work) - plan.sinks.to(work).view(1, -1, 1))[..., None]
+        out = (out.to(work) * keep).to(q.dtype)
     return _zero_empty_rows(out, plan.has_key())
 
 
