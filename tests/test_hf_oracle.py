@@ -1020,6 +1020,38 @@ def test_compare_rope_with_the_config_accepts_gemma4_proportional_rope():
         diagnose.compare_rope(fn, None, 16, config=config, layer_type="full_attention")
 
 
+def test_probes_tell_deepseek_v32s_two_layouts_apart():
+    """DeepSeek-V3.2 runs two RoPE layouts in one model on one table: its MLA attention
+    rotates adjacent pairs (apply_rotary_pos_emb_interleave), its sparse-attention indexer
+    the halves (apply_rotary_pos_emb, "NON-interleaved" in its code). probe_rope reads each,
+    and compare_rope names the difference, the bug of a kernel that rotates both alike."""
+    mod = pytest.importorskip("transformers.models.deepseek_v32.modeling_deepseek_v32")
+    config = transformers.DeepseekV32Config(**{**F._DEEPSEEK_TINY, "index_head_dim": 16,
+                                                "index_n_heads": 2, "index_topk": 4})
+    rotary = mod.DeepseekV32RotaryEmbedding(config)
+    d = config.qk_rope_head_dim
+
+    def tables(x):
+        return rotary(x, torch.arange(x.shape[-2])[None].expand(x.shape[0], -1))
+
+    def mla(x):  # [b, h, s, d]
+        cos, sin = tables(x)
+        return mod.apply_rotary_pos_emb_interleave(x, x, cos, sin)[0]
+
+    def indexer(x):
+        cos, sin = tables(x)
+        return mod.apply_rotary_pos_emb(x, x, cos, sin)[0]
+
+    probed = {name: diagnose.probe_rope(fn, head_dim=d, dtype=torch.float64)
+              for name, fn in (("mla", mla), ("indexer", indexer))}
+    assert all(r.ok for r in probed.values()), [str(r) for r in probed.values()]
+    assert (probed["mla"].layout, probed["indexer"].layout) == ("interleaved", "half")
+    assert probed["mla"].base == probed["indexer"].base == 10_000.0  # one table
+    wrong = diagnose.compare_rope(indexer, mla, d, dtype=torch.float64)  # one rotation for both
+    assert not wrong.ok and "pairs the rotated features as half" in wrong.problems[0]
+    assert diagnose.compare_rope(indexer, indexer, d, dtype=torch.float64).ok
+
+
 def test_probe_rope_deepseek_interleave():
     """DeepSeek-V3's apply_rotary_pos_emb_interleave rotates adjacent pairs and returns the
     features de-interleaved (a fixed permutation; its scores depend only on m - n, max
