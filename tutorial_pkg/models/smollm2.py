@@ -12,6 +12,7 @@ bfloat16 checkpoint.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.metadata
 from pathlib import Path
 
@@ -39,11 +40,12 @@ def smollm2_file() -> Path:
     return path
 
 
-def load_smollm2(dtype: torch.dtype = torch.float32):
+def load_smollm2(dtype: torch.dtype = torch.float32, *, progress: bool = False):
     """SmolLM2-135M-Instruct as ``(model, tokenizer)``: a transformers
     ``LlamaForCausalLM`` (30 layers, 9 query and 3 key/value heads, ``head_dim`` 64,
     ``rope_theta`` 1e5, 8192 positions) in eval mode, and its tokenizer, both read from
-    the GGUF file. Nothing is downloaded.
+    the GGUF file. Nothing is downloaded. ``progress``: show transformers' progress bars
+    and messages while it dequantizes (off by default: in a notebook they are stderr).
 
     Raises:
         FileNotFoundError: the checkpoint is not installed (the message names the command).
@@ -57,7 +59,34 @@ def load_smollm2(dtype: torch.dtype = torch.float32):
     except ImportError as err:
         raise ImportError(f"reading the GGUF file needs transformers, gguf and accelerate: "
                           f"{SMOLLM2_INSTALL} ({err})") from None
-    tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
-    model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=dtype)
+    with contextlib.ExitStack() as quiet:
+        if not progress:
+            quiet.enter_context(_quiet_transformers())
+        tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+        model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name,
+                                                     dtype=dtype)
     model.config._attn_implementation = "sdpa"
     return model.eval(), tokenizer
+
+
+@contextlib.contextmanager
+def _quiet_transformers():
+    """transformers' progress bars (its own, and the GGUF reader's tqdm) and its messages
+    below errors switched off, and back as they were."""
+    import functools
+
+    from transformers import modeling_gguf_pytorch_utils as gguf_utils
+    from transformers.utils import logging
+
+    verbosity, bars = logging.get_verbosity(), logging.is_progress_bar_enabled()
+    reader_bar = gguf_utils.tqdm
+    logging.set_verbosity_error()
+    logging.disable_progress_bar()
+    gguf_utils.tqdm = functools.partial(reader_bar, disable=True)
+    try:
+        yield
+    finally:
+        gguf_utils.tqdm = reader_bar
+        logging.set_verbosity(verbosity)
+        if bars:
+            logging.enable_progress_bar()
