@@ -153,6 +153,7 @@ def main(argv=None) -> dict:
     if args.threads:
         torch.set_num_threads(args.threads)
     t0 = time.perf_counter()
+    started_at = commit()  # the code that runs (a later commit may land during the run)
     model, tokenizer = load_smollm2()
     swap_attention(model)
     ids = heldout_ids(tokenizer)
@@ -185,7 +186,7 @@ def main(argv=None) -> dict:
         "rules": {name: rule_dict(name, args.factor, args.original) for name in args.rules},
         "claims": claims, "alpha": ALPHA, "status": "done",
         "results": results, "decided": decide_claims(results),
-        "hardware": {**hardware, "commit": commit(), "run_time_s": time.perf_counter() - t0,
+        "hardware": {**hardware, "commit": started_at, "run_time_s": time.perf_counter() - t0,
                      "command": "python benchmarks/smollm2_context.py " + shlex.join(
                          sys.argv[1:] if argv is None else list(argv))},
     }
