@@ -187,7 +187,6 @@ class MultiHeadAttention(nn.Module):
             (zeros at first), one logit per query head that joins each row's softmax
             denominator and takes no value, so a query may give less than all its weight
             to the keys. Default False.
-
         chunk: chunked attention (Llama 4's ``attention_chunk_size``, a positive int): a
             query sees the keys whose *position* lies in its own chunk of ``chunk``
             positions (with causality: back to the chunk's start). Default None.
