@@ -50,11 +50,16 @@ CHECK_PACKAGES = ["pytest", "nbval"]
 
 FAKE_COLAB = """\
 # Written by .ci/colab_nbval.py: the kernel believes it runs on Colab.
+import importlib.machinery
 import sys
 import types
 
-sys.modules.setdefault("google", types.ModuleType("google"))
-sys.modules["google.colab"] = types.ModuleType("google.colab")
+# with specs, as real modules have: importlib.util.find_spec("google.colab") (accelerate's
+# Colab check) raises ValueError on a module whose __spec__ is None
+for _name in ("google", "google.colab"):
+    _module = sys.modules.get(_name) or types.ModuleType(_name)
+    _module.__spec__ = importlib.machinery.ModuleSpec(_name, None)
+    sys.modules[_name] = _module
 """
 
 
