@@ -110,3 +110,64 @@ def test_a_cache_filled_elsewhere_is_refused():
         cache = hf(ids, attention_mask=mask, use_cache=True).past_key_values
         with pytest.raises(ValueError, match="filled, cropped or reordered elsewhere"):
             ours(ids[:, -1:], past_key_values=cache, use_cache=True)
+
+
+#: The 2025-26 families (tests/hf_families.py's tiny configs), each with its mechanism:
+#: Gemma 2's soft-capping on a sliding and a global layer, gpt-oss's sinks and 4-token
+#: windows, Llama 4's chunks of 4 with QK-norm and its NoPE layer's temperature tuning,
+#: Gemma 4's two head sizes and proportional RoPE. Held to HF's eager attention in float32
+#: (transformers' own float64 Gemma gives NaN rows on left padding).
+MODERN = {
+    "gemma2": ("GEMMA2", "Gemma2ForCausalLM",
+               {"num_hidden_layers": 2, "layer_types": ["sliding_attention", "full_attention"]}),
+    "gpt_oss": ("GPT_OSS", "GptOssForCausalLM", {"experts_implementation": "eager"}),
+    "llama4_text": ("LLAMA4", "Llama4ForCausalLM",
+                    {"attention_chunk_size": 4, "floor_scale": 3, "attn_scale": 0.5,
+                     "experts_implementation": "eager"}),
+    "gemma4_text": ("GEMMA4", "Gemma4ForCausalLM", {}),
+}
+
+
+def _modern(name: str):
+    from tests import hf_families
+
+    family, model_cls, overrides = MODERN[name]
+    config = getattr(hf_families, family).make_config(**overrides)
+    config._attn_implementation = "eager"
+    torch.manual_seed(0)
+    return getattr(transformers, model_cls)(config).eval()
+
+
+@pytest.mark.parametrize("name", list(MODERN))
+def test_modern_families_swapped_equal_hugging_face_logits_and_generate(name):
+    """Logits on a left-padded batch, and 16 greedy tokens through HF's cache, whose
+    sliding and chunked layers keep only the last window - 1 keys."""
+    hf = _modern(name)
+    ours = swap_attention(copy.deepcopy(hf), backend="naive")
+    swapped = sum(isinstance(m, PackageAttention) for m in ours.modules())
+    assert swapped == hf.config.num_hidden_layers
+    gen = torch.Generator().manual_seed(1)
+    ids = torch.randint(1, hf.config.vocab_size, (2, 12), generator=gen)
+    mask = torch.ones_like(ids)
+    mask[1, :3] = 0
+    positions = (mask.cumsum(-1) - 1).clamp(min=0)  # what generate passes
+    with torch.no_grad():
+        want = hf(ids, attention_mask=mask, position_ids=positions).logits
+        got = ours(ids, attention_mask=mask, position_ids=positions).logits
+        kw = {"attention_mask": mask, "max_new_tokens": 16, "do_sample": False}
+        want_ids, got_ids = hf.generate(ids, **kw), ours.generate(ids, **kw)
+    real = mask.bool()
+    torch.testing.assert_close(got[real], want[real], rtol=1e-5, atol=1e-6)
+    assert got_ids.shape == (2, 12 + 16) and torch.equal(got_ids, want_ids)
+
+
+def test_a_sliding_window_model_generates_the_same_tokens_past_its_window():
+    """Mistral's window of 6 and 32 new tokens: HF's sliding cache layer returns only the
+    keys inside the window, and the package's layer reads exactly those."""
+    hf = _model("mistral")
+    ours = swap_attention(copy.deepcopy(hf))
+    ids, mask = _batch()
+    kw = {"attention_mask": mask, "max_new_tokens": 32, "do_sample": False,
+          "pad_token_id": 0, "eos_token_id": None}
+    with torch.no_grad():
+        assert torch.equal(ours.generate(ids, **kw), hf.generate(ids, **kw))

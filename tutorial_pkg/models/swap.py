@@ -1,7 +1,8 @@
 """A whole Hugging Face model run by the package's attention: :func:`swap_attention`.
 
-Every attention module of a Llama-style model (Llama, Mistral, Qwen2, Qwen3, SmolLM3) is
-replaced, in place, by :class:`PackageAttention`: the layer
+Every attention module of a decoder whose layers call ``self_attn`` the Llama way (Llama,
+Mistral, Qwen2, Qwen3, SmolLM3, Gemma 2, gpt-oss, Llama 4, Gemma 4: :data:`SWAP_FAMILIES`)
+is replaced, in place, by :class:`PackageAttention`: the layer
 :func:`~tutorial_pkg.models.hf.from_hf_attention` builds from it, called the way the
 family's decoder layer calls its attention. So the package computes the projections, its
 own RoPE (:class:`~tutorial_pkg.encodings.rope.RotaryEmbedding`, from the config), the
@@ -16,7 +17,9 @@ registered there receives q and k already rotated by the model's RoPE, so it cou
 change the encoding.
 
 The KV cache stays Hugging Face's (``generate`` reads its length): each layer stores its
-rotated keys and values there (:class:`HFCacheView`) and keeps their positions itself.
+rotated keys and values there (:class:`HFCacheView`) and keeps their positions itself; a
+sliding or chunked layer's cache returns only the keys inside its window, and the layer
+reads exactly those.
 """
 
 from __future__ import annotations
@@ -34,7 +37,8 @@ __all__ = ["SWAP_FAMILIES", "PackageAttention", "HFCacheView", "swap_attention",
 
 #: ``model_type``s whose decoder layers call ``self_attn(hidden_states, position_embeddings,
 #: attention_mask, cache, position_ids=...)``, the call :class:`PackageAttention` takes.
-SWAP_FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "smollm3")
+SWAP_FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "smollm3", "gemma2", "gpt_oss",
+                 "llama4_text", "gemma4_text")
 
 
 class HFCacheView(KVCache):
@@ -44,7 +48,7 @@ class HFCacheView(KVCache):
     def __init__(self, cache, layer_idx: int, positions: torch.Tensor | None) -> None:
         super().__init__()
         self.cache, self.layer_idx = cache, layer_idx
-        length = self.length
+        length = int(cache.get_seq_length(layer_idx))  # every token the layer has seen
         if length and (positions is None or positions.shape[-1] != length):
             raise ValueError(f"the cache holds {length} tokens of layer {layer_idx} but this "
                              f"layer saw {0 if positions is None else positions.shape[-1]}: a "
@@ -54,6 +58,14 @@ class HFCacheView(KVCache):
 
     @property
     def length(self) -> int:
+        """Keys the next call reads from the cache: a sliding-window cache layer holds only
+        the last ``window - 1`` tokens it has seen."""
+        layers = getattr(self.cache, "layers", None)
+        if layers is not None and self.layer_idx < len(layers):
+            held = layers[self.layer_idx]
+            if not getattr(held, "is_initialized", False):
+                return 0
+            return int(held.keys.shape[-2])
         return int(self.cache.get_seq_length(self.layer_idx))
 
     def _append(self, k, v, positions, document_ids, *, default: bool):
@@ -66,7 +78,8 @@ class HFCacheView(KVCache):
             rows = max(old.shape[0], positions.shape[0])
             old, positions = old.expand(rows, -1), positions.expand(rows, -1)
         self.positions = positions if old is None else torch.cat((old, positions), dim=-1)
-        return k, v, self.positions, None
+        # a sliding-window cache layer returns only the keys still inside the window
+        return k, v, self.positions[..., -k.shape[-2]:], None
 
 
 class PackageAttention(nn.Module):
@@ -82,6 +95,9 @@ class PackageAttention(nn.Module):
         self.layer, self.layer_idx = layer, layer_idx
         self._positions: torch.Tensor | None = None  # key positions of the cache in use
         self._cache_ref = None
+        # the decoder layer's position_ids, for families whose layer does not pass them on
+        # (Llama 4: its attention reads positions only through the rotary tables)
+        self.layer_position_ids: torch.Tensor | None = None
 
     def forward(self, hidden_states: torch.Tensor, position_embeddings=None,
                 attention_mask: torch.Tensor | None = None, cache=None, *,
@@ -90,6 +106,8 @@ class PackageAttention(nn.Module):
         model (``use_cache``, ``cache_position``, ...) are accepted and not needed."""
         cache = cache if cache is not None else past_key_values
         b, s, _ = hidden_states.shape
+        if position_ids is None:
+            position_ids = self.layer_position_ids
         if position_ids is None:
             start = 0 if cache is None else int(cache.get_seq_length(self.layer_idx))
             position_ids = torch.arange(start, start + s, device=hidden_states.device)[None]
@@ -112,7 +130,7 @@ class PackageAttention(nn.Module):
 
 
 def swap_attention(model: nn.Module, *, backend: str = "auto") -> nn.Module:
-    """Replace every attention module of ``model`` (a Llama-style Hugging Face model, see
+    """Replace every attention module of ``model`` (a Hugging Face model of one of
     :data:`SWAP_FAMILIES`) by a :class:`PackageAttention`, in place; returns ``model``.
 
     Raises:
@@ -132,10 +150,16 @@ def swap_attention(model: nn.Module, *, backend: str = "auto") -> nn.Module:
             continue
         layer = from_hf_attention(attention, text_config, backend=backend)
         module.self_attn = PackageAttention(layer, int(attention.layer_idx))
+        module.register_forward_pre_hook(_pass_position_ids, with_kwargs=True)
         swapped += 1
     if not swapped:
         raise ValueError(f"no attention module (self_attn) found in {type(model).__name__}")
     return model
+
+
+def _pass_position_ids(decoder_layer: nn.Module, args, kwargs):
+    """Forward pre-hook of a decoder layer: hand its ``position_ids`` to its attention."""
+    decoder_layer.self_attn.layer_position_ids = kwargs.get("position_ids")
 
 
 def set_rope_scaling(model: nn.Module, rule: dict | None) -> None:
