@@ -56,3 +56,35 @@ def test_plotting_without_matplotlib_names_the_extra():
                    "import tutorial_pkg.plotting\n")
     assert proc.returncode != 0
     assert "ImportError" in proc.stderr and "tutorial_pkg[plot]" in proc.stderr
+
+
+def test_slider_figure_stores_rounded_frames_and_refuses_ragged_ones():
+    """The HTML the book's slider-figure.js draws: the spec in data-figure, rounded to
+    ``digits`` (stored outputs must not depend on a CPU's last bits), escaped; bad input
+    refused by argument."""
+    import html
+    import json
+    import re
+
+    import numpy as np
+    import pytest
+
+    plotting = pytest.importorskip("tutorial_pkg.plotting")
+    x = np.arange(3)
+    frames = {"a": {"c": [0.123456789, 1, 2]}, "b": {"c": [3, 4, 5.55555555]}}
+    out = plotting.slider_figure("fig-1", x, frames, slider='p <"&">', digits=3)
+    spec = json.loads(html.unescape(re.search(r'data-figure="([^"]*)"', out).group(1)))
+    assert spec["x"] == [0, 1, 2] and spec["slider"] == 'p <"&">'
+    assert [f["value"] for f in spec["frames"]] == ["a", "b"]
+    assert spec["frames"][0]["ys"] == [[0.123, 1, 2]]
+    assert spec["frames"][1]["ys"] == [[3, 4, 5.556]]
+    assert 'id="fig-1"' in out and "needs JavaScript" in out
+    with pytest.raises(ValueError, match="name must be"):
+        plotting.slider_figure("1 bad", x, frames, slider="p")
+    with pytest.raises(ValueError, match="frame 'b' has curves"):
+        plotting.slider_figure("f", x, {"a": {"c": [1, 2, 3]}, "b": {"d": [1, 2, 3]}},
+                               slider="p")
+    with pytest.raises(ValueError, match="len\\(x\\) = 3"):
+        plotting.slider_figure("f", x, {"a": {"c": [1, 2]}}, slider="p")
+    with pytest.raises(ValueError, match="at least one frame"):
+        plotting.slider_figure("f", x, {}, slider="p")

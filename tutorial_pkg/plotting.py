@@ -10,6 +10,9 @@ without matplotlib raises an ``ImportError`` that says so.
 
 from __future__ import annotations
 
+import html
+import json
+import re
 from collections.abc import Iterable, Mapping, Sequence
 
 import numpy as np
@@ -22,7 +25,7 @@ except ImportError as exc:  # the layers need no matplotlib; only the figures do
         'tutorial_pkg.plotting needs matplotlib: pip install "tutorial_pkg[plot]"'
     ) from exc
 
-__all__ = ["heatmap", "head_heatmaps", "curves", "band_curves"]
+__all__ = ["heatmap", "head_heatmaps", "curves", "band_curves", "slider_figure"]
 
 
 def _np(x) -> np.ndarray:
@@ -194,3 +197,61 @@ def band_curves(
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize="small")
     return ax.figure
+
+
+def slider_figure(
+    name: str,
+    x,
+    frames: Mapping[str, Mapping[str, Iterable]],
+    *,
+    slider: str,
+    xlabel: str = "",
+    ylabel: str = "",
+    title: str = "",
+    digits: int = 4,
+    logx: bool = False,
+) -> str:
+    """An interactive figure for the rendered book: curves over ``x`` and a slider that
+    steps through ``frames``. Returns HTML to display (``IPython.display.HTML``).
+
+    The page draws it with ``book/_static/slider-figure.js`` (bundled with the book: no
+    network); without JavaScript the HTML shows one line saying so, and the chapter keeps a
+    static figure. Values are rounded to ``digits`` decimals, so the stored HTML does not
+    depend on the CPU's last bits.
+
+    Args:
+        name: the figure's id on its page (letters, digits, ``-``).
+        x: ``[n]`` x values shared by every curve.
+        frames: ``{slider label: {curve label: [n] y values}}``, the same curve labels in
+            every frame, in the order the slider steps through them.
+        slider: what the slider sets (shown beside it).
+        logx: a logarithmic x axis (``x > 0``).
+
+    Raises:
+        ValueError: for a bad ``name``, no frames, curves that differ between frames, or
+            curves whose length is not ``len(x)``.
+    """
+    if not re.fullmatch(r"[A-Za-z][A-Za-z0-9-]*", name):
+        raise ValueError(f"name must be letters, digits and '-', got {name!r}")
+    xs = [round(float(v), digits) for v in _np(x).reshape(-1)]
+    if not frames:
+        raise ValueError("frames must hold at least one frame")
+    labels = None
+    data = []
+    for value, curves_ in frames.items():
+        if labels is None:
+            labels = list(curves_)
+        if list(curves_) != labels:
+            raise ValueError(f"frame {value!r} has curves {list(curves_)}, the first has {labels}")
+        ys = [[round(float(v), digits) for v in _np(y).reshape(-1)] for y in curves_.values()]
+        if any(len(y) != len(xs) for y in ys):
+            raise ValueError(f"frame {value!r}: every curve needs len(x) = {len(xs)} values")
+        data.append({"value": str(value), "ys": ys})
+    if logx and min(xs) <= 0:
+        raise ValueError("logx needs x > 0")
+    spec = {"x": xs, "labels": labels, "frames": data, "slider": slider, "xlabel": xlabel,
+            "ylabel": ylabel, "title": title, "logx": logx}
+    return (f'<div class="pe-slider-figure" id="{name}" '
+            f'data-figure="{html.escape(json.dumps(spec, separators=(",", ":")))}">'
+            "<p>(An interactive figure: it needs JavaScript. The static figure beside it "
+            "shows the same curves.)</p></div>")
