@@ -58,8 +58,8 @@ class HFCacheView(KVCache):
 
     @property
     def length(self) -> int:
-        """Keys the next call reads from the cache: a sliding-window cache layer holds only
-        the last ``window - 1`` tokens it has seen."""
+        """The number of keys the next call reads from the cache (a sliding-window cache
+        layer holds only the last ``window - 1`` tokens it has seen)."""
         layers = getattr(self.cache, "layers", None)
         if layers is not None and self.layer_idx < len(layers):
             held = layers[self.layer_idx]
