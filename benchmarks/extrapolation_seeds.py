@@ -29,9 +29,19 @@ at ``L`` and evaluated at ``L .. 8L`` (RoPE-based encodings also with each scali
   the training length) and ``[3L, 4L)``;
 * ``training``: the final training loss of every model.
 
-Chapter 6 (``--tasks-out``, default ``book/data/hybrid_results.json``): the accuracy of
-:func:`~tutorial_pkg.experiments.tasks.train_task` on both synthetic tasks for every variant
-of chapter 6 and every seed of ``--task-seeds``.
+Chapter 6 (``--tasks-out``, default ``book/data/hybrid_results.json``), a pre-registered run:
+
+* ``claims``: the family :data:`CH6_CLAIMS` with its test and :data:`CH6_ALPHA`, written into
+  the file (``"status": "running"``) **before anything is trained**;
+* ``records``: the accuracy of :func:`~tutorial_pkg.experiments.tasks.train_task` on both
+  synthetic tasks for every variant and every seed of ``--task-seeds``, with its test-set
+  standard error (``se_<length>``); every training seed has its own test sequences
+  (test seed ``TEST_SEED_BASE + seed``), so a seed is one independent unit of training and
+  test-set noise;
+* ``mechanism``: per seed, the offset-copy RoPE and hybrid models read and ablated
+  (:func:`~tutorial_pkg.experiments.tasks.far_attention`,
+  :func:`~tutorial_pkg.experiments.tasks.with_encoding`);
+* ``decided``: :func:`decide_ch6` of the family on the finished run.
 
 Each file stores the command line, the run time, the hardware and every per-seed
 record; the chapters compute means and spreads from them
@@ -46,8 +56,10 @@ import json
 import math
 import re
 import shlex
+import subprocess
 import sys
 import time
+from datetime import datetime, timezone
 from pathlib import Path
 
 import torch
@@ -62,7 +74,15 @@ from tutorial_pkg.encodings.builtin import Hybrid
 from tutorial_pkg.experiments.context_eval import all_token_perplexity, evaluate_fixed_targets
 from tutorial_pkg.experiments.data import load_splits
 from tutorial_pkg.experiments.retrieval import copy_distances, retrieval_test
-from tutorial_pkg.experiments.tasks import TASKS, train_task
+from tutorial_pkg.experiments.stats import bonferroni, paired_difference, verdict
+from tutorial_pkg.experiments.tasks import (
+    TASKS,
+    evaluate_task,
+    far_attention,
+    test_batches,
+    train_task,
+    with_encoding,
+)
 from tutorial_pkg.experiments.training import (
     SCALING_TYPES,
     ExperimentConfig,
@@ -107,6 +127,65 @@ TASK_VARIANTS = {
     "hybrid_half": (None, {}),  # the additive hybrid at half slopes (the control)
     "seed_alpha": ("hybrid", {"mix": "alpha", "alpha": 0.5}),
 }
+#: chapter 6's sizes: trained at TASK_TRAIN_LEN, tested at TASK_EVAL_LENS
+TASK_TRAIN_LEN, TASK_EVAL_LENS, TASK_STEPS = 32, (32, 64, 128), 300
+#: a training seed s is tested on the sequences of test seed TEST_SEED_BASE + s
+TEST_SEED_BASE = 1000
+#: The recorded seeds. Seeds 0-4 were the pilot (the record at commit PILOT_COMMIT) from
+#: which the claims below were drawn; the claims are tested on these fresh seeds only.
+DEFAULT_TASK_SEEDS = list(range(5, 25))
+PILOT = {"seeds": [0, 1, 2, 3, 4], "commit": "88ffcb7b9b09cfb5f8c17d0f9f519a17a11bf20c"}
+
+
+def _acc(task, encoding, length):
+    return {"task": task, "encoding": encoding, "length": length}
+
+
+def _mech(name):
+    return {"mechanism": name}
+
+
+_HYBRIDS = ("hybrid", "hybrid_learnable", "seed_alpha", "hybrid_half")
+#: Chapter 6's claim family, fixed before the record was run. Each claim is a paired
+#: difference ``a - b`` over the seeds; "greater": ``a - b > 0``; "equivalent":
+#: ``|a - b| < margin``. Test: the paired sign-flip test (``stats.sign_flip``), its interval
+#: two-sided at ``1 - CH6_ALPHA / len(CH6_CLAIMS)`` (Bonferroni: all claims together at
+#: 1 - CH6_ALPHA); decided by ``stats.verdict``. ``mechanism`` values are per seed, on the
+#: offset task at 128 tokens unless named ``_at_L`` (32 tokens).
+CH6_CLAIMS = (
+    *({"claim": f"offset@32: {k} > alibi", "test": "greater", "a": _acc("offset", k, 32),
+       "b": _acc("offset", "alibi", 32)} for k in ("rope", *_HYBRIDS)),
+    *({"claim": f"offset@128: {k} > rope", "test": "greater", "a": _acc("offset", k, 128),
+       "b": _acc("offset", "rope", 128)} for k in _HYBRIDS),
+    *({"claim": f"latest@128: {k} > rope", "test": "greater", "a": _acc("latest", k, 128),
+       "b": _acc("latest", "rope", 128)} for k in ("alibi", *_HYBRIDS)),
+    {"claim": "latest@128: alibi > hybrid", "test": "greater",
+     "a": _acc("latest", "alibi", 128), "b": _acc("latest", "hybrid", 128)},
+    {"claim": "latest@128: hybrid_learnable > hybrid", "test": "greater",
+     "a": _acc("latest", "hybrid_learnable", 128), "b": _acc("latest", "hybrid", 128)},
+    *({"claim": f"latest@128: hybrid > {k}", "test": "greater",
+       "a": _acc("latest", "hybrid", 128), "b": _acc("latest", k, 128)}
+      for k in ("seed_alpha", "hybrid_half")),
+    *({"claim": f"{t}@128: seed_alpha = hybrid_half within 0.05", "test": "equivalent",
+       "margin": 0.05, "a": _acc(t, "seed_alpha", 128), "b": _acc(t, "hybrid_half", 128)}
+      for t in ("latest", "offset")),
+    {"claim": "mechanism: far-key attention rope > hybrid", "test": "greater",
+     "a": _mech("far_rope"), "b": _mech("far_hybrid")},
+    {"claim": "mechanism: rope with a 32-key window > rope", "test": "greater",
+     "a": _mech("rope_window"), "b": _acc("offset", "rope", 128)},
+    {"claim": "mechanism: hybrid > hybrid with its bias removed", "test": "greater",
+     "a": _acc("offset", "hybrid", 128), "b": _mech("no_bias")},
+    {"claim": "mechanism: removing the bias costs more at 128 than at 32", "test": "greater",
+     "a": _mech("bias_cost"), "b": _mech("bias_cost_at_L")},
+    {"claim": "mechanism: hybrid with a 32-key window > hybrid", "test": "greater",
+     "a": _mech("hybrid_window"), "b": _acc("offset", "hybrid", 128)},
+    *({"claim": f"mechanism: rope with a 32-key window > {k}", "test": "greater",
+       "a": _mech("rope_window"), "b": _acc("offset", k, 128)} for k in _HYBRIDS),
+)
+CH6_ALPHA = 0.05
+CH6_TEST = ("paired sign-flip test over seeds (tutorial_pkg.experiments.stats.sign_flip): "
+            "two-sided interval at 1 - alpha / k (Bonferroni over the k claims); verdict by "
+            "tutorial_pkg.experiments.stats.verdict")
 
 
 def mean_attention_distance(model, heldout_ids, query_range, n_windows=8):
@@ -201,19 +280,90 @@ def run_chapter7(args, device):
     return base, out
 
 
+def mechanism(rope, hybrid, batches, train_len=TASK_TRAIN_LEN):
+    """Chapter 6's readout and ablations of one seed's offset-copy RoPE and hybrid models.
+
+    On the seed's own test sequences (``batches``, :func:`test_batches`), at the longest
+    length unless ``_at_L`` (the training length).
+    """
+    n, short = max(batches), train_len
+    x_long = batches[n][0]
+    at = lambda model, m=n: evaluate_task(model, {m: batches[m]})[m]["accuracy"]  # noqa: E731
+    no_bias = with_encoding(hybrid, "rope")
+    out = {"far_rope": far_attention(rope, x_long, train_len),
+           "far_hybrid": far_attention(hybrid, x_long, train_len),
+           "rope_window": at(with_encoding(rope, "rope", window=train_len)),
+           "hybrid_window": at(with_encoding(hybrid, "hybrid", window=train_len)),
+           "no_bias": at(no_bias), "no_bias_at_L": at(no_bias, short)}
+    out["bias_cost"] = at(hybrid) - out["no_bias"]
+    out["bias_cost_at_L"] = at(hybrid, short) - out["no_bias_at_L"]
+    return out
+
+
+def claim_values(payload, ref):
+    """The per-seed values (in ``payload["seeds"]`` order) a claim's ``a`` or ``b`` names."""
+    seeds = payload["seeds"]
+    if "mechanism" in ref:
+        rows = {r["seed"]: r[ref["mechanism"]] for r in payload["mechanism"]}
+    else:
+        rows = {r["seed"]: r[f"acc_{ref['length']}"] for r in payload["records"]
+                if r["task"] == ref["task"] and r["encoding"] == ref["encoding"]}
+    if sorted(rows) != sorted(seeds):
+        raise ValueError(f"{ref} has seeds {sorted(rows)}, the run {seeds}")
+    return [rows[s] for s in seeds]
+
+
+def decide_ch6(payload, claims=None, alpha=None):
+    """Each claim of the stored family decided on the run (see :data:`CH6_CLAIMS`)."""
+    claims = payload["claims"] if claims is None else claims
+    alpha = payload["alpha"] if alpha is None else alpha
+    confidence = bonferroni(1 - alpha, len(claims))
+    out = []
+    for c in claims:
+        a, b = claim_values(payload, c["a"]), claim_values(payload, c["b"])
+        try:
+            d = paired_difference(a, b, confidence=confidence, method="sign_flip")
+        except ValueError as err:  # too few seeds for this confidence
+            out.append({"claim": c["claim"], "verdict": "not testable", "why": str(err)})
+            continue
+        out.append({"claim": c["claim"], "mean": d["mean"], "low": d["low"], "high": d["high"],
+                    "p_value": d["p_value"], "confidence": confidence,
+                    "verdict": verdict(d, c["test"], c.get("margin"))})
+    return out
+
+
+def commit():
+    """The checked-out commit (``None`` outside a git checkout)."""
+    try:
+        return subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
+                              check=True, cwd=Path(__file__).resolve().parents[1]).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return None
+
+
 def run_chapter6(args, device):
-    records = []
+    records, mech = [], []
+    steps = 20 if args.quick else TASK_STEPS
     for seed in args.task_seeds:
         t0 = time.perf_counter()
         for task in TASKS:
+            batches = test_batches(task, TEST_SEED_BASE + seed, TASK_EVAL_LENS)
+            models = {}
             for label, (name, kwargs) in TASK_VARIANTS.items():
                 encoding = name if name is not None else Hybrid(32 // 4, 4, bias_scale=0.5)
-                acc, _ = train_task(task, encoding, seed, encoding_kwargs=kwargs or None,
-                                    steps=20 if args.quick else 300, device=device)
+                acc, models[label] = train_task(
+                    task, encoding, seed, encoding_kwargs=kwargs or None, steps=steps,
+                    train_len=TASK_TRAIN_LEN, eval_lens=TASK_EVAL_LENS,
+                    test_seed=TEST_SEED_BASE + seed, device=device)
+                se = evaluate_task(models[label], batches)
                 records.append({"seed": seed, "task": task, "encoding": label,
-                                **{f"acc_{n}": a for n, a in acc.items()}})
+                                **{f"acc_{n}": a for n, a in acc.items()},
+                                **{f"se_{n}": r["se"] for n, r in se.items()}})
+            if task == "offset":
+                mech.append({"seed": seed, **mechanism(models["rope"], models["hybrid"],
+                                                       batches)})
         print(f"task seed {seed}: {time.perf_counter() - t0:.0f} s", flush=True)
-    return records
+    return records, mech
 
 
 CH7_KEYS = ("records", "fixed_targets", "all_tokens", "retrieval", "attention_distance",
@@ -264,7 +414,8 @@ def main(argv=None):
     parser.add_argument("--n-layers", type=int, default=2, help="Transformer blocks")
     parser.add_argument("--steps", type=int, default=600, help="training steps per model")
     parser.add_argument("--trials", type=int, default=64, help="copy-test windows per distance")
-    parser.add_argument("--task-seeds", nargs="+", type=int, default=[0, 1, 2, 3, 4])
+    parser.add_argument("--task-seeds", nargs="+", type=int, default=DEFAULT_TASK_SEEDS,
+                        help="chapter 6's seeds (default 5-24; 0-4 were the pilot)")
     parser.add_argument("--skip-tasks", action="store_true", help="chapter 7's part only")
     parser.add_argument("--skip-extrapolation", action="store_true", help="chapter 6's only")
     parser.add_argument("--quick", action="store_true", help="tiny sizes (smoke test)")
@@ -314,15 +465,30 @@ def main(argv=None):
 
     if not args.skip_tasks:
         t0 = time.perf_counter()
-        records = run_chapter6(args, args.device)
+        claims = [dict(c) for c in CH6_CLAIMS]
         payload = {
             "description": "Chapter 6: accuracy of one-layer models on two synthetic tasks by "
-                           "test length (trained at 32), several seeds",
-            **common, "run_time_s": time.perf_counter() - t0,
-            "train_len": 32, "eval_lens": [32, 64, 128], "steps": 20 if args.quick else 300,
-            "seeds": args.task_seeds, "variants": list(TASK_VARIANTS), "records": records,
+                           "test length (trained at 32), and the offset task's mechanism, "
+                           "several seeds; a pre-registered family of claims",
+            "command": common["command"], "commit": commit(),
+            "claims": claims, "alpha": CH6_ALPHA, "test": CH6_TEST, "pilot": PILOT,
+            "claims_written": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            "status": "running",
         }
-        Path(args.tasks_out).write_text(json.dumps(payload, indent=1) + "\n")
+        out = Path(args.tasks_out)
+        out.write_text(json.dumps(payload, indent=1) + "\n")  # the family, before any training
+        records, mech = run_chapter6(args, args.device)
+        payload.update({
+            **common, "hardware_end": hardware_info(args.device),
+            "run_time_s": time.perf_counter() - t0, "train_len": TASK_TRAIN_LEN,
+            "eval_lens": list(TASK_EVAL_LENS), "steps": 20 if args.quick else TASK_STEPS,
+            "test_seed_base": TEST_SEED_BASE, "seeds": args.task_seeds,
+            "variants": list(TASK_VARIANTS), "records": records, "mechanism": mech,
+            "status": "done"})
+        payload["decided"] = decide_ch6(payload)
+        out.write_text(json.dumps(payload, indent=1, allow_nan=False) + "\n")
+        for d in payload["decided"]:
+            print(f"  {d['claim']:58s} {d['verdict']}")
         print(f"wrote {args.tasks_out}: {len(records)} records, {payload['run_time_s']:.0f} s")
 
 

@@ -98,3 +98,107 @@ def test_bonferroni_and_the_family():
 def test_errors(call, error):
     with pytest.raises(error):
         call()
+
+
+def test_stratified_interval_is_the_mean_of_stratum_means_and_covers_at_its_level():
+    from tutorial_pkg.experiments.stats import stratified_interval, t_interval
+
+    one = stratified_interval([[0.1, 0.3, 0.2, 0.25]])
+    ref = t_interval([0.1, 0.3, 0.2, 0.25])
+    assert one["df"] == 3 and abs(one["low"] - ref["low"]) < 1e-12
+    # unweighted: a long stratum does not outweigh a short one
+    r = stratified_interval([[0.0, 0.2] * 10, [1.0, 1.2]])
+    assert abs(r["mean"] - 0.6) < 1e-12 and r["strata"] == 2 and r["n"] == 22
+    # coverage: four strata with different effects and spreads, 12 values each
+    gen = torch.Generator().manual_seed(0)
+    effects, sds = [0.0, 0.05, -0.02, 0.1], [0.02, 0.05, 0.03, 0.08]
+    truth = sum(effects) / 4
+    hits, trials = 0, 1000
+    for _ in range(trials):
+        strata = [(e + s * torch.randn(12, generator=gen, dtype=torch.float64)).tolist()
+                  for e, s in zip(effects, sds, strict=True)]
+        c = stratified_interval(strata, confidence=0.9)
+        hits += c["low"] <= truth <= c["high"]
+    assert 0.87 <= hits / trials <= 0.94  # 0.90 nominal (df rounded down: a little above)
+    with pytest.raises(ValueError, match="at least 2"):
+        stratified_interval([[0.1, 0.2], [0.3]])
+    with pytest.raises(ValueError):
+        stratified_interval([])
+    with pytest.raises(TypeError):
+        stratified_interval("ab")
+
+
+def _brute_sign_flip(d, theta):
+    """One-sided p-values of the sign-flip test by enumerating every sign pattern."""
+    import itertools
+
+    x = torch.tensor(d, dtype=torch.float64) - theta
+    pats = torch.tensor(list(itertools.product([1.0, -1.0], repeat=len(d))), dtype=torch.float64)
+    sums, obs = pats @ x, x.sum()
+    above = (sums >= obs - 1e-12).double().mean().item()
+    return above, (sums <= obs + 1e-12).double().mean().item()
+
+
+def test_sign_flip_p_values_equal_the_enumeration_and_the_interval_inverts_the_test():
+    from tutorial_pkg.experiments.stats import sign_flip
+
+    d = [0.3, -0.1, 0.2, 0.5, 0.05, -0.02, 0.4, 0.25]
+    r = sign_flip(d, confidence=0.9)
+    assert (r["p_greater"], r["p_less"]) == pytest.approx(_brute_sign_flip(d, 0.0))
+    assert r["p_value"] == pytest.approx(2 * min(r["p_greater"], r["p_less"]))
+    tail = 0.05
+    for end, side in ((r["low"], 0), (r["high"], 1)):  # inside: not rejected; outside: rejected
+        inside = end + (1e-6 if side == 0 else -1e-6)
+        outside = end - (1e-6 if side == 0 else -1e-6)
+        assert _brute_sign_flip(d, inside)[side] > tail
+        assert _brute_sign_flip(d, outside)[side] <= tail
+    assert min(d) <= r["low"] < r["mean"] < r["high"] <= max(d)
+
+
+def test_sign_flip_interval_stays_inside_the_range_of_bounded_differences():
+    from tutorial_pkg.experiments.stats import sign_flip
+
+    near_one = [1.0, 1.0, 0.98, 1.0, 0.99, 1.0, 1.0, 0.97, 1.0, 1.0]  # accuracies near 1
+    r = sign_flip(near_one, confidence=0.95)
+    assert 0.97 <= r["low"] <= r["high"] <= 1.0
+    t = t_interval(near_one)
+    assert t["high"] > 1.0  # the t interval leaves [0, 1] here
+
+
+def test_sign_flip_covers_a_symmetric_skewless_bimodal_shift():
+    from tutorial_pkg.experiments.stats import sign_flip
+
+    g, hits, runs = torch.Generator().manual_seed(1), 0, 300
+    for _ in range(runs):  # two modes, symmetric about 0.2
+        x = (torch.rand(10, generator=g) < 0.5).double() * 0.6 - 0.3 + 0.2
+        x = x + 0.05 * torch.randn(10, generator=g, dtype=torch.float64)
+        r = sign_flip(x, confidence=0.9)
+        hits += r["low"] <= 0.2 <= r["high"]
+    assert 0.85 <= hits / runs <= 0.95
+
+
+def test_sign_flip_refuses_a_confidence_its_values_cannot_reach_and_samples_past_exact_max():
+    from tutorial_pkg.experiments.stats import EXACT_MAX, sign_flip
+
+    with pytest.raises(ValueError, match="cannot give"):
+        sign_flip([0.1, 0.2, 0.3, 0.4, 0.5], confidence=0.95)  # 2 / 32 > 0.05
+    big = torch.linspace(0.1, 0.5, EXACT_MAX + 3)
+    r = sign_flip(big, n_resamples=20_000)
+    assert not r["exact"] and r["low"] > 0.1 and r["p_value"] < 1e-3
+    assert r == sign_flip(big, n_resamples=20_000)  # fixed seed: the same answer
+
+
+def test_paired_difference_sign_flip_method_and_verdicts():
+    from tutorial_pkg.experiments.stats import verdict
+
+    a = [0.9, 0.8, 0.95, 0.85, 0.9, 0.7, 0.88, 0.92]
+    b = [0.5, 0.6, 0.55, 0.5, 0.45, 0.6, 0.52, 0.58]
+    r = paired_difference(a, b, method="sign_flip")
+    assert r["method"] == "sign_flip" and r["p_value"] == pytest.approx(2 / 2 ** 8)
+    assert verdict(r, "greater") == "holds" and verdict(r, "less") == "refuted"
+    assert verdict({"low": -0.02, "high": 0.03}, "equivalent", 0.05) == "holds"
+    assert verdict({"low": -0.02, "high": 0.08}, "equivalent", 0.05) == "not resolved"
+    assert verdict({"low": 0.06, "high": 0.08}, "equivalent", 0.05) == "refuted"
+    assert verdict({"low": -0.1, "high": 0.2}, "greater") == "not resolved"
+    with pytest.raises(ValueError, match="margin"):
+        verdict({"low": 0.0, "high": 0.1}, "equivalent")

@@ -54,3 +54,29 @@ def test_bad_task_inputs_raise():
         task_batch("offset", 2, 8, 0)
     with pytest.raises(ValueError, match="seed"):
         train_task("offset", "rope", -1, steps=1)
+
+
+def test_test_batches_evaluate_and_ablations():
+    from tutorial_pkg.experiments.tasks import (
+        evaluate_task,
+        far_attention,
+        test_batches,
+        with_encoding,
+    )
+
+    acc, model = train_task("offset", "hybrid", 0, steps=3, eval_lens=(8, 16), train_len=8,
+                            test_seed=7)
+    batches = test_batches("offset", 7, (8, 16))
+    scores = evaluate_task(model, batches)
+    assert {n: r["accuracy"] for n, r in scores.items()} == acc  # the same test sequences
+    assert all(r["se"] >= 0 for r in scores.values())
+    assert not torch.equal(batches[16][0], test_batches("offset", 8, (8, 16))[16][0])
+    same = with_encoding(model, "hybrid")
+    assert evaluate_task(same, batches) == scores  # same weights, same encoding: same model
+    no_bias = with_encoding(model, "rope")
+    x = batches[16][0]
+    assert not torch.equal(no_bias(x), model(x))
+    far = far_attention(model, x, 8)
+    assert 0 <= far <= 1
+    windowed = with_encoding(model, "hybrid", window=8)
+    assert far_attention(windowed, x, 8) == 0.0  # a window of 8 hides every key 8 back

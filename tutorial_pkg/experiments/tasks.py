@@ -3,10 +3,16 @@
 * ``"offset"`` (offset copy) needs a *precise relative position*: RoPE's strength.
 * ``"latest"`` (latest signal) needs *content plus recency*: ALiBi's strength.
 
-:func:`task_batch` draws batches of either task, :func:`train_task` trains a one-layer
-:class:`~tutorial_pkg.models.tiny_lm.TinyLM` on one and measures its accuracy at several lengths.
-The chapter's control for the articles' alpha-mix is the additive hybrid at half slopes,
-``Hybrid(head_dim, n_heads, bias_scale=0.5)``.
+:func:`task_batch` draws batches of either task, :func:`test_batches` the test sequences of
+one test seed, :func:`train_task` trains a one-layer :class:`~tutorial_pkg.models.tiny_lm.TinyLM`
+on one and measures its accuracy at several lengths (:func:`evaluate_task`, with the test-set
+standard error). The chapter's control for the articles' alpha-mix is the additive hybrid at
+half slopes, ``Hybrid(head_dim, n_heads, bias_scale=0.5)``.
+
+The mechanism behind the offset task's failure past the training length is read and ablated on
+trained models: :func:`far_attention` (how much attention goes to keys farther back than any
+training distance) and :func:`with_encoding` (the trained weights under another encoding or a
+sliding window, no retraining).
 
 Example:
     >>> acc, model = train_task("offset", "hybrid", seed=0, steps=20)
@@ -30,7 +36,8 @@ from .._checks import (
 from ..encodings.builtin import PositionEncoding
 from ..models.tiny_lm import TinyLM
 
-__all__ = ["TASKS", "task_batch", "train_task"]
+__all__ = ["TASKS", "task_batch", "test_batches", "evaluate_task", "train_task",
+           "far_attention", "with_encoding"]
 
 #: The synthetic tasks of chapter 6.
 TASKS = ("offset", "latest")
@@ -94,6 +101,49 @@ def task_batch(
     return x, y.masked_fill(signal, IGNORE)  # no target where the token is itself a signal
 
 
+def test_batches(
+    task: str,
+    seed: int = 1000,
+    eval_lens: Sequence[int] = (32, 64, 128),
+    *,
+    batch: int = 64,
+    vocab: int = 32,
+) -> dict[int, tuple[torch.Tensor, torch.Tensor]]:
+    """The test sequences of one test seed: ``{length: (x, y)}``, ``batch`` windows per length.
+
+    Drawn from one generator seeded with ``seed``, one length after the other in the order
+    of ``eval_lens``; the same arguments give the same sequences (CPU tensors).
+    """
+    check_choice("task", task, TASKS)
+    check_nonneg_int("seed", seed)
+    gen = torch.Generator().manual_seed(seed)
+    return {n: task_batch(task, batch, n, gen, vocab=vocab) for n in eval_lens}
+
+
+@torch.no_grad()
+def evaluate_task(model: torch.nn.Module, batches: dict) -> dict[int, dict[str, float]]:
+    """Top-1 accuracy of ``model`` on each length of ``batches`` (:func:`test_batches`).
+
+    Returns ``{length: {"accuracy", "se"}}``: the accuracy over every position with a target,
+    and its standard error over the test windows (the windows are independent draws; a
+    window's positions are not, so the error is that of a ratio of per-window sums,
+    ``sqrt(sum_w (c_w - acc t_w)^2 / (W (W - 1))) / mean_w t_w`` for ``c_w`` correct of
+    ``t_w`` targets in window ``w``). It measures the **test-set noise** of one model.
+    """
+    device = next(model.parameters()).device
+    out = {}
+    for n, (x, y) in batches.items():
+        pred, y = model(x.to(device)).argmax(-1), y.to(device)
+        has = y != IGNORE
+        c, t = ((pred == y) & has).sum(1).double(), has.sum(1).double()  # per window
+        acc = (c.sum() / t.sum()).item()
+        w = c.numel()
+        se = ((c - acc * t).pow(2).sum() / (w * (w - 1))).sqrt().item() / t.mean().item() \
+            if w > 1 else float("nan")
+        out[n] = {"accuracy": acc, "se": se}
+    return out
+
+
 def train_task(
     task: str,
     encoding: str | PositionEncoding,
@@ -109,14 +159,16 @@ def train_task(
     n_heads: int = 4,
     lr: float = 3e-3,
     vocab: int = 32,
+    test_seed: int = 1000,
     device: str | torch.device = "cpu",
 ) -> tuple[dict[int, float], TinyLM]:
     """Train a one-layer TinyLM on a task of :func:`task_batch`; test it at ``eval_lens``.
 
     AdamW (no weight decay) at a constant ``lr`` for ``steps`` batches of ``batch``
     windows of ``train_len`` tokens. ``seed`` (int >= 0) sets the initial weights and the
-    training batches; the test batches (``eval_batch`` windows per length) come from a
-    generator seeded with 1000, the same for every model.
+    training batches; the test sequences (``eval_batch`` windows per length) are
+    :func:`test_batches` of ``test_seed``: the same for every model given the same
+    ``test_seed`` (a recorded run gives each training seed its own).
 
     Args:
         task: one of :data:`TASKS`.
@@ -150,10 +202,38 @@ def train_task(
         loss.backward()
         opt.step()
     model.eval()
-    test_gen, acc = torch.Generator().manual_seed(1000), {}
-    with torch.no_grad():
-        for n in eval_lens:
-            x, y = task_batch(task, eval_batch, n, test_gen, vocab=vocab)
-            pred, y = model(x.to(device)).argmax(-1), y.to(device)
-            acc[n] = ((pred == y) & (y != IGNORE)).sum().item() / (y != IGNORE).sum().item()
-    return acc, model
+    scores = evaluate_task(model, test_batches(task, test_seed, eval_lens, batch=eval_batch,
+                                               vocab=vocab))
+    return {n: r["accuracy"] for n, r in scores.items()}, model
+
+
+@torch.no_grad()
+def far_attention(model: TinyLM, x: torch.Tensor, beyond: int) -> float:
+    """Mean attention weight on keys ``beyond`` or more positions back, queries at ``beyond`` on.
+
+    ``x``: token ids ``[b, s]``. The mean is over the windows, the heads (of the last layer)
+    and the queries at positions ``>= beyond``; for a model trained on ``beyond`` tokens those
+    keys sit at distances it never saw.
+    """
+    check_positive_int("beyond", beyond)
+    device = next(model.parameters()).device
+    w = model.attention_weights(x.to(device))  # (b, H, s, s)
+    s = w.shape[-1]
+    dist = torch.arange(s, device=device)[:, None] - torch.arange(s, device=device)[None, :]
+    return (w * (dist >= beyond)).sum(-1)[:, :, beyond:].mean().item()
+
+
+def with_encoding(model: TinyLM, encoding: str | PositionEncoding, **kwargs) -> TinyLM:
+    """A TinyLM like ``model`` (as :func:`train_task` builds it) holding its trained weights,
+    with another ``encoding`` and TinyLM options (``window=...``); in eval mode, on its device.
+
+    No retraining: ``with_encoding(hybrid_model, "rope")`` is the trained hybrid with its ALiBi
+    bias removed, ``with_encoding(model, "rope", window=32)`` hides every key 32 or more
+    positions back. The encodings must hold no weights of their own (RoPE, ALiBi, the plain
+    hybrid do).
+    """
+    device = next(model.parameters()).device
+    new = TinyLM(encoding, vocab_size=model.tok_emb.num_embeddings, d_model=model.d_model,
+                 n_layers=model.n_layers, n_heads=model.blocks[0].attn.n_heads, **kwargs)
+    new.load_state_dict(model.state_dict())
+    return new.to(device).eval()
