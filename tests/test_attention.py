@@ -414,6 +414,30 @@ def test_auto_adds_a_key_bias_to_the_fused_causal_kernel(monkeypatch):
     assert row.shape == (1, N_HEADS, 1, 512) and row.dtype == torch.float32
 
 
+def test_auto_without_a_proven_key_row_takes_the_documented_4d_mask(monkeypatch):
+    # where the probe answers no (a GPU kernel that refuses or misreads the pair), "auto"
+    # must not call attn_mask together with is_causal: it computes sdpa's 4-D float mask,
+    # with the same numbers as naive
+    torch.manual_seed(0)
+    seen = []
+    real = F.scaled_dot_product_attention
+
+    def recording(q, k, v, attn_mask=None, is_causal=False, **kw):
+        seen.append((None if attn_mask is None else tuple(attn_mask.shape), is_causal))
+        return real(q, k, v, attn_mask=attn_mask, is_causal=is_causal, **kw)
+
+    for key in ("alibi", "hybrid"):
+        enc, auto, naive = _pair(key, True, False)
+        x = torch.randn(2, 40, D_MODEL)
+        with torch.no_grad(), backends.assume_kernels("cpu", key_bias=False):
+            want = naive(x)
+            monkeypatch.setattr(backends.F, "scaled_dot_product_attention", recording)
+            got = auto(x)
+            monkeypatch.setattr(backends.F, "scaled_dot_product_attention", real)
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+    assert seen == [((1, N_HEADS, 40, 40), False)] * 2
+
+
 def test_auto_kv_cache_decoding_equals_full_forward():
     torch.manual_seed(0)
     for key in ("alibi", "hybrid"):

@@ -28,12 +28,20 @@ tolerance (tested for every encoding). ``compile`` matters to ``"flex"`` only.
 * Soft-capping and sinks (the plan's ``softcap``, ``sinks``): exact in ``"naive"`` and
   ``"flex"`` (a ``score_mod``; the output rescaled by ``sigmoid(lse - sink)``); ``"sdpa"``
   warns and computes ``"naive"``, ``"auto"`` computes ``"naive"``.
-* ``"auto"``: the default. Where the encoding has a key-only form
-  (:meth:`~tutorial_pkg.encodings.builtin.PositionEncoding.key_bias`, causal ALiBi and the
-  hybrid), q is float32 or float64, and
-  :func:`~tutorial_pkg.attention._probe.key_bias_supported` has proven the kernel right,
-  SDPA's fused causal kernel with that row ``(1 or b, H, 1, L_k)`` in q's dtype
-  (:func:`auto_key_bias`, :func:`sdpa_key_bias`); else ``"sdpa"``.
+* ``"auto"``: the default. Without a bias, the plain dispatch (``is_causal=True`` for a
+  whole causal sequence). With a key-only form of the bias
+  (:meth:`~tutorial_pkg.encodings.builtin.PositionEncoding.key_bias`: causal ALiBi and the
+  hybrid) and float32 or float64 q, an **undocumented fast path**:
+  ``scaled_dot_product_attention(q, k, v, attn_mask=row, is_causal=True)`` with the row
+  ``(1 or b, H, 1, L_k)`` in q's dtype (:func:`auto_key_bias`, :func:`sdpa_key_bias`).
+  PyTorch documents that pair of arguments as an error ("An error is thrown if both
+  attn_mask and is_causal are set"); torch 2.13's CPU kernel takes it and computes the
+  causal softmax with the row added, which the package's tests check on the CPU. On CUDA
+  it is unverified: no GPU run of it is recorded. So the path is taken only where
+  :func:`~tutorial_pkg.attention._probe.key_bias_supported` has run the call on this device
+  type and dtype, with the kernel PyTorch selects and each fused kernel alone, forward and
+  backward, within tolerance of a float64 reference; everywhere else ``"auto"`` is
+  ``"sdpa"``, the documented 4-D float mask (same numbers, an ``(H, L, L)`` table).
 
 Every float mask handed to a kernel has q's dtype (PyTorch documents "a float mask of the
 same type as query"; torch 2.13's CPU kernel misreads a float32 mask with float64 q on
@@ -120,7 +128,7 @@ def naive(q, k, v, plan: AttentionPlan, encoding: PositionEncoding, *, dropout_p
     # at least float32 (half inputs are upcast); float64 stays float64 (gradcheck)
     dt = torch.promote_types(q.dtype, torch.float32)
     scores = q.to(dt) @ k.to(dt).transpose(-2, -1)
-    # the default divides by sqrt(head_dim), as before the scale existed (same rounding)
+    # no scale given: divide by sqrt(head_dim), the textbook form
     scores = scores / math.sqrt(q.shape[-1]) if plan.scale is None else scores * plan.scale
     if plan.softcap is not None:  # Gemma 2: capped before the bias and the mask
         scores = plan.softcap * torch.tanh(scores / plan.softcap)
