@@ -18,9 +18,14 @@ performance target with the ratio it reached. Every case carries its expected me
 holds once measured, so that a group's cases never hold their tables together and a case that
 would not fit the GPU (or ``--memory-limit``) is skipped with the reason; dtypes and
 compilation follow the GPU's compute capability (:func:`device_plan`). Each ratio compares
-two cases measured side by side in the same run (interleaved rounds, medians), never numbers
-from different runs. The exit status is 0 whatever the targets say: timings are evidence to
-read, not a test. ``--suite module:function`` runs any other suite with the same signature.
+two cases measured side by side in the same run (interleaved rounds, each in a random order
+of the cases drawn from ``--order-seed``, medians), never numbers from different runs; every
+group times its reference's own callable twice (the A/A control). With ``--out`` the family
+of claims the run is made to test (:data:`CLAIMS`, with its error rate :data:`ALPHA`) is
+written into the file before anything is timed, and each claim's verdict
+(:func:`decide_claims`) is added at the end. The exit status is 0 whatever the targets and
+claims say: timings are evidence to read, not a test. ``--suite module:function`` runs any
+other suite with the same signature.
 
 The measuring library is the package's :mod:`tutorial_pkg.measure.cases`; this folder holds
 what uses it and what no model should import: the cases' expected memory
@@ -33,6 +38,8 @@ from __future__ import annotations
 import argparse
 import copy
 import importlib
+import json
+import math
 import shlex
 import subprocess
 import sys
@@ -64,6 +71,20 @@ from tutorial_pkg.measure.cases import Case  # noqa: E402
 ATTENTION_LIMIT = "limit: sdpa causal"
 #: Name of the RoPE groups' reference case, a copy of q and k (one read, one write).
 ROPE_LIMIT = "limit: clone q,k"
+#: Name of the LM-step group's reference case: the step of the model with no positions.
+LM_REFERENCE = "nope"
+#: The A/A control of each part: the reference's own callable (the same object), timed a
+#: second time under this name in every round. With the cases in a random order per round
+#: (``--order-seed``), the log of its per-round ratio is symmetric about 0: what it shows
+#: is the run's noise, and a test that calls it different has made a false claim.
+ATTENTION_AA = "A/A: sdpa causal again"
+ROPE_AA = "A/A: clone q,k again"
+LM_AA = "A/A: nope again"
+#: Chapter 7's record, whose model the LM-step group times (``config``: width, layers, heads).
+CHAPTER7_RECORD = (Path(__file__).resolve().parents[1] / "book" / "data"
+                   / "extrapolation_results.json")
+#: The model of the LM-step group when chapter 7's record is absent.
+LM_MODEL_DEFAULT = {"d_model": 64, "n_layers": 2, "n_heads": 4}
 
 
 # --------------------------------------------------------------------------- #
@@ -92,11 +113,13 @@ SuiteFn = Callable[[argparse.Namespace], Iterable[SuiteEntry]]
 #: Presets of the command line (``--quick`` is a smoke test, not a measurement).
 _QUICK = {
     "lengths": [64, 128], "warmup": 1, "min_runs": 3, "max_time": 0.02, "rounds": 1,
+    "rope_rounds": 1, "lm_rounds": 1,
     "passes": ["fwd"], "backends": ["naive", "sdpa", "auto"], "rope_shape": [1, 4, 128, 64],
     "lm_batch": 4, "lm_len": 32,
 }
 _FULL = {
-    "warmup": 3, "min_runs": 5, "max_time": 0.5, "rounds": 3, "passes": ["fwd", "fwd+bwd"],
+    "warmup": 3, "min_runs": 5, "max_time": 0.5, "rounds": 10, "rope_rounds": 30,
+    "lm_rounds": 30, "passes": ["fwd", "fwd+bwd"],
     "backends": ["naive", "sdpa", "flex", "auto"], "rope_shape": [4, 8, 2048, 64],
     "lm_batch": 32, "lm_len": 64,
 }
@@ -275,13 +298,16 @@ def attention_suite(args: argparse.Namespace) -> Iterator[SuiteEntry]:
     ``args.encodings`` x ``args.backends`` through
     :meth:`~tutorial_pkg.attention.layer.MultiHeadAttention.attend` (q, k, v already
     projected: projections cost the same for every case and would only dilute the
-    ratios), and for ALiBi two extra points: ``alibi/article``
+    ratios), the A/A control :data:`ATTENTION_AA` (the limit's own callable object, timed
+    a second time), and for ALiBi two extra points: ``alibi/article``
     (:class:`~benchmarks.articles.ArticlesALiBiAttention`, its buffer grown to the
     length) and
     ``alibi/sdpa-3d-mask`` (the bias passed as a 3-D ``(H, L, L)`` mask, which
     CPU SDPA silently runs on its slow math path). ``auto`` is listed only for
-    encodings with a bias (otherwise it is the ``sdpa`` path). ``flex`` has no CPU
-    backward in torch 2.13: that case is recorded as skipped, not measured.
+    encodings with a bias (otherwise it is the ``sdpa`` path), and ``naive`` only for the
+    encodings in ``args.naive_for`` when it is set (``--naive-for``: the naive backend
+    costs the same for every encoding, and at 4096 tokens a call takes seconds). ``flex``
+    has no CPU backward in torch 2.13: that case is recorded as skipped, not measured.
 
     ``fwd`` runs under ``torch.no_grad()`` (inference); ``fwd+bwd`` returns the
     gradients of q, k, v. Every case of an encoding gets its own encoding object,
@@ -321,13 +347,20 @@ def attention_suite(args: argparse.Namespace) -> Iterator[SuiteEntry]:
             grad_out = torch.randn(shape, generator=gen).to(device, dtype) if train else None
             sizes = {"batch": batch, "heads": heads, "seq_len": seq_len, "head_dim": head_dim,
                      "dtype": dtype, "train": train, "device": device, "key_bias": key_bias}
+            limit_call = _make_call(_sdpa_causal, (q, k, v), pass_, grad_out)
+            limit_fp = attention_footprint("none", "sdpa", **sizes)
             cases: dict[str, Case] = {
-                ATTENTION_LIMIT: Case(_make_call(_sdpa_causal, (q, k, v), pass_, grad_out),
-                                      {"encoding": "none", "backend": "sdpa"},
-                                      footprint=attention_footprint("none", "sdpa", **sizes)),
+                ATTENTION_LIMIT: Case(limit_call, {"encoding": "none", "backend": "sdpa"},
+                                      footprint=limit_fp),
+                # the same callable object again: the A/A control
+                ATTENTION_AA: Case(limit_call, {"encoding": "none", "backend": "sdpa"},
+                                   footprint=limit_fp),
             }
+            naive_for = getattr(args, "naive_for", None)
             for enc_name in args.encodings:
                 for backend in args.backends:
+                    if backend == "naive" and naive_for is not None and enc_name not in naive_for:
+                        continue
                     enc = make_encoding(enc_name, d_model=heads * head_dim, n_heads=heads,
                                         max_positions=seq_len)
                     if backend == "auto" and enc.key_bias(torch.arange(1)) is None:
@@ -394,8 +427,11 @@ def rope_suite(args: argparse.Namespace) -> Iterator[SuiteEntry]:
     CPU the three kernels run block by block so that q and k cross memory about once),
     ``rotate fused`` (the same with ``fused=True``: one compiled call for q and k;
     its compile time is the record's ``first_call_ms``), ``rotate_half`` (Hugging Face's
-    ``x * cos + rotate_half(x) * sin``) and ``complex`` (Meta's
-    ``view_as_complex`` form, interleaved layout; float32 arithmetic). Shape
+    ``x * cos + rotate_half(x) * sin``), ``complex`` (Meta's
+    ``view_as_complex`` form, interleaved layout; float32 arithmetic) and ``rotate
+    interleaved`` (the default path on the interleaved layout,
+    ``RotaryEmbedding(layout="interleaved")``), and the A/A control :data:`ROPE_AA` (the
+    copy's own callable, timed again). Shape
     ``args.rope_shape`` = (batch, heads, length, head_dim); the dtypes of the device's
     :class:`DevicePlan` (float32 and bfloat16 on a CPU; float16 too on a GPU, where
     ``rotate fused`` in bfloat16 is skipped below compute capability 8.0). Inference
@@ -459,8 +495,11 @@ def _rope_entry(device: torch.device, shape: tuple[int, ...], dtype_name: str,
                 return module(q, k)  # RotaryEmbedding.forward: q and k at positions 0..s-1
         return call
 
+    inter = RotaryEmbedding(d, layout="interleaved").to(device)
+    copy = run(torch.clone)
     cases = {
-        ROPE_LIMIT: Case(run(torch.clone), {"impl": "clone"}, footprint=footprint),
+        ROPE_LIMIT: Case(copy, {"impl": "clone"}, footprint=footprint),
+        ROPE_AA: Case(copy, {"impl": "clone"}, footprint=footprint),  # the same callable
         "spec": Case(run(lambda x: _rope(x, cos, sin, "half")), {"impl": "reference"},
                      footprint=footprint),
         "rotate": Case(run_pair(eager), {"impl": "eager"}, footprint=footprint),
@@ -470,9 +509,25 @@ def _rope_entry(device: torch.device, shape: tuple[int, ...], dtype_name: str,
                             {"impl": "hugging face"}, footprint=footprint),
         "complex": Case(run(lambda x: apply_rope_complex(x, freqs)), {"impl": "meta"},
                         footprint=footprint),
+        "rotate interleaved": Case(run_pair(inter), {"impl": "eager, interleaved"},
+                                   footprint=footprint),
     }
     params = {"op": "rope", "shape": [b, h, s, d], "dtype": dtype_name, "pass": "fwd"}
     return SuiteEntry(f"rope {dtype_name}", cases, ROPE_LIMIT, params)
+
+
+def lm_model_config(path: Path = CHAPTER7_RECORD) -> dict[str, int]:
+    """Width, layers and heads of chapter 7's model, read from its record's ``config``.
+
+    :data:`LM_MODEL_DEFAULT` where the record is absent or lacks them.
+    """
+    import json
+
+    try:
+        config = json.loads(path.read_text(encoding="utf-8"))["config"]
+        return {key: int(config[key]) for key in LM_MODEL_DEFAULT}
+    except (OSError, KeyError, TypeError, ValueError):
+        return dict(LM_MODEL_DEFAULT)
 
 
 def lm_suite(args: argparse.Namespace) -> Iterator[SuiteEntry]:
@@ -480,15 +535,19 @@ def lm_suite(args: argparse.Namespace) -> Iterator[SuiteEntry]:
 
     The step: zero the gradients, forward, cross-entropy, backward, AdamW step,
     on a batch of ``args.lm_batch`` windows of ``args.lm_len`` tokens, with the
-    model of chapter 7 (d_model 96, 3 layers, 4 heads) on the ``"auto"`` backend,
-    plus ``alibi (sdpa backend)`` for comparison. The reference is ``nope``:
-    the same model with no position information, i.e. what a step costs before
-    any encoding adds work.
+    model of chapter 7's record (:func:`lm_model_config`: width, layers and heads) on
+    the ``"auto"`` backend, plus ``alibi (sdpa backend)`` for comparison. The reference
+    is ``nope`` (:data:`LM_REFERENCE`): the same model with no position information,
+    i.e. what a step costs before any encoding adds work; :data:`LM_AA` is that step's
+    own callable timed again (the A/A control). Every step updates its model's weights;
+    the values do not change the work.
     """
     from tutorial_pkg.models.tiny_lm import TinyLM
 
     device = torch.device(args.device)
     batch, length = args.lm_batch, args.lm_len
+    model_cfg = lm_model_config()
+    d_model, layers, heads = model_cfg["d_model"], model_cfg["n_layers"], model_cfg["n_heads"]
     gen = torch.Generator().manual_seed(0)
     ids = torch.randint(0, 256, (batch, length + 1), generator=gen).to(device)
     x, y = ids[:, :-1], ids[:, 1:]
@@ -496,8 +555,8 @@ def lm_suite(args: argparse.Namespace) -> Iterator[SuiteEntry]:
     variants = [(name, "auto") for name in encodings] + [("alibi", "sdpa")]
     cases: dict[str, Case] = {}
     for name, backend in variants:
-        model = TinyLM(name, d_model=96, n_layers=3, n_heads=4, max_positions=length,
-                       backend=backend).to(device)
+        model = TinyLM(name, d_model=d_model, n_layers=layers, n_heads=heads,
+                       max_positions=length, backend=backend).to(device)
         opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
 
         def step(model=model, opt=opt) -> Any:
@@ -510,11 +569,12 @@ def lm_suite(args: argparse.Namespace) -> Iterator[SuiteEntry]:
         label = name if backend == "auto" else f"{name} ({backend} backend)"
         cases[label] = Case(step, {"encoding": name, "backend": backend},
                             held=lambda model=model: _held_bytes(model.encoding),
-                            footprint=lm_footprint(model, batch, length, d_model=96,
-                                                   layers=3, heads=4))
-    params = {"op": "lm train step", "batch": batch, "seq_len": length, "d_model": 96,
-              "layers": 3, "heads": 4, "pass": "fwd+bwd+adamw"}
-    yield SuiteEntry(f"lm step L={length}", cases, "nope", params)
+                            footprint=lm_footprint(model, batch, length, d_model=d_model,
+                                                   layers=layers, heads=heads))
+    cases[LM_AA] = cases[LM_REFERENCE]  # the same Case, the same callable: A/A
+    params = {"op": "lm train step", "batch": batch, "seq_len": length, "d_model": d_model,
+              "layers": layers, "heads": heads, "pass": "fwd+bwd+adamw"}
+    yield SuiteEntry(f"lm step L={length}", cases, LM_REFERENCE, params)
 
 
 def default_suite(args: argparse.Namespace) -> Iterator[SuiteEntry]:
@@ -546,6 +606,185 @@ def _load_suite(spec: str) -> SuiteFn:
         raise TypeError(f"--suite: {spec!r} is not callable")
     return suite
 
+
+# --------------------------------------------------------------------------- #
+# The claims a recorded run tests, fixed before it measures anything
+# --------------------------------------------------------------------------- #
+#: Family-wise error rate of :data:`CLAIMS`: each claim's interval is at ``1 - ALPHA / k``
+#: (Bonferroni over the ``k`` claims), so that the chance that any verdict of the family is
+#: wrong is at most ``ALPHA`` (under the interval's assumptions: see :func:`decide_claims`).
+ALPHA = 0.05
+_F, _B = {"op": "attention", "pass": "fwd"}, {"op": "attention", "pass": "fwd+bwd"}
+_F32, _B16 = {"op": "rope", "dtype": "float32"}, {"op": "rope", "dtype": "bfloat16"}
+_LM = {"op": "lm train step"}
+_LONG = [1024, 2048, 4096]
+#: The claims the recorded run is made to test: ``(id, claim, groups, case, against, test,
+#: bound)``. ``groups`` selects the groups by their params (``lengths``: only those
+#: sequence lengths); ``test`` is ``">"`` (``case / against`` above ``bound``), ``"<"``
+#: (below it) or ``"A/A"`` (the identical callable: the interval must contain 1). Written
+#: into the results file before the first case is timed; :func:`decide_claims` decides
+#: them from the records. Chosen from the previous recorded run (commit af44af7) and the
+#: targets of ``benchmarks/README.md``, before this run.
+CLAIMS = (
+    ("A1", "A/A: the limit timed twice reads alike, forward", _F, ATTENTION_AA,
+     ATTENTION_LIMIT, "A/A", 1.0),
+    ("A2", "A/A: the limit timed twice reads alike, forward and backward", _B, ATTENTION_AA,
+     ATTENTION_LIMIT, "A/A", 1.0),
+    ("A3", "the layer with no encoding costs under 5 % more than the direct SDPA call, "
+     "forward", _F, "nope/sdpa", ATTENTION_LIMIT, "<", 1.05),
+    ("A4", "ALiBi's default path costs more than no encoding, forward", _F, "alibi/auto",
+     "nope/sdpa", ">", 1.0),
+    ("A5", "ALiBi's default path costs more than no encoding, forward and backward", _B,
+     "alibi/auto", "nope/sdpa", ">", 1.0),
+    ("A6", "ALiBi's default path costs under 10 % more than no encoding, forward", _F,
+     "alibi/auto", "nope/sdpa", "<", 1.10),
+    ("A7", "ALiBi's default path costs under 10 % more than no encoding, forward and "
+     "backward", _B, "alibi/auto", "nope/sdpa", "<", 1.10),
+    ("A8", "the cached 4-D bias is slower than the default path from 1024 tokens, forward",
+     {**_F, "lengths": _LONG}, "alibi/sdpa", "alibi/auto", ">", 1.0),
+    ("A9", "the cached 4-D bias is slower than the default path from 1024 tokens, forward "
+     "and backward", {**_B, "lengths": _LONG}, "alibi/sdpa", "alibi/auto", ">", 1.0),
+    ("A10", "the articles' ALiBi takes over 3 times the default path at 2048 and 4096 "
+     "tokens, forward", {**_F, "lengths": [2048, 4096]}, "alibi/article", "alibi/auto", ">",
+     3.0),
+    ("A11", "compiled FlexAttention's ALiBi forward is slower than the limit from 1024 "
+     "tokens", {**_F, "lengths": _LONG}, "alibi/flex", ATTENTION_LIMIT, ">", 1.0),
+    ("A12", "RoPE costs more than no encoding inside attention, forward", _F, "rope/sdpa",
+     "nope/sdpa", ">", 1.0),
+    ("R1", "A/A: the copy timed twice reads alike, float32", _F32, ROPE_AA, ROPE_LIMIT, "A/A",
+     1.0),
+    ("R2", "A/A: the copy timed twice reads alike, bfloat16", _B16, ROPE_AA, ROPE_LIMIT,
+     "A/A", 1.0),
+    ("R3", "the default rotation (half layout) is slower than Meta's complex form, float32",
+     _F32, "rotate", "complex", ">", 1.0),
+    ("R4", "the default rotation is faster on the interleaved layout than on the half "
+     "layout, float32", _F32, "rotate interleaved", "rotate", "<", 1.0),
+    ("R5", "the fused kernel is faster than the default rotation, float32", _F32,
+     "rotate fused", "rotate", "<", 1.0),
+    ("R6", "the fused kernel is faster than the default rotation, bfloat16", _B16,
+     "rotate fused", "rotate", "<", 1.0),
+    ("R7", "the default rotation takes more than 5 copies of q and k, bfloat16", _B16,
+     "rotate", ROPE_LIMIT, ">", 5.0),
+    ("L1", "A/A: the NoPE step timed twice reads alike", _LM, LM_AA, LM_REFERENCE, "A/A",
+     1.0),
+    ("L2", "a RoPE step costs more than a NoPE step", _LM, "rope", LM_REFERENCE, ">", 1.0),
+    ("L3", "a hybrid step costs more than a NoPE step", _LM, "hybrid", LM_REFERENCE, ">",
+     1.0),
+    ("L4", "an ALiBi step costs under 5 % more than a NoPE step", _LM, "alibi", LM_REFERENCE,
+     "<", 1.05),
+    ("L5", "a RoPE step costs under 10 % more than a NoPE step", _LM, "rope", LM_REFERENCE,
+     "<", 1.10),
+)
+_CLAIM_KEYS = ("id", "claim", "groups", "case", "against", "test", "bound")
+
+
+def claim_dicts(claims: Sequence[Sequence[Any]] = CLAIMS) -> list[dict[str, Any]]:
+    """:data:`CLAIMS` as the dicts a results file stores."""
+    return [dict(zip(_CLAIM_KEYS, c, strict=True)) for c in claims]
+
+
+def _selected(rec: bm.BenchRecord, groups: Mapping[str, Any]) -> bool:
+    for key, want in groups.items():
+        if key == "lengths":
+            if rec.params.get("seq_len") not in want:
+                return False
+        elif rec.params.get(key) != want:
+            return False
+    return True
+
+
+def paired_log_ratios(records: Iterable[bm.BenchRecord], case: str, against: str,
+                      groups: Mapping[str, Any] | None = None) -> dict[str, list[float]]:
+    """Per group, the per-round ``log(case / against)``: both timed in the same round.
+
+    Each round's ratio of a case is to the reference of its group measured in that round
+    (:attr:`~tutorial_pkg.measure.records.BenchRecord.round_ratios`), so the quotient of
+    two cases' round ratios is their own ratio within the round, the reference cancelling.
+    Groups (selected by ``groups``, as in :data:`CLAIMS`) where either case failed or ran
+    fewer than two rounds are left out.
+    """
+    by_group: dict[str, dict[str, bm.BenchRecord]] = {}
+    for r in records:
+        if groups is None or _selected(r, groups):
+            by_group.setdefault(r.group, {})[r.case] = r
+    out = {}
+    for group, recs in by_group.items():
+        a, b = recs.get(case), recs.get(against)
+        if a is None or b is None or not (a.ok and b.ok):
+            continue
+        ra = a.round_ratios or []
+        rb = b.round_ratios or ([1.0] * len(ra) if against == a.reference else [])
+        if len(ra) < 2 or len(ra) != len(rb):
+            continue
+        out[group] = [math.log(x / y) for x, y in zip(ra, rb, strict=True)]
+    return out
+
+
+def decide_claims(records: Iterable[bm.BenchRecord],
+                  claims: Sequence[Mapping[str, Any]] | None = None,
+                  alpha: float = ALPHA) -> list[dict[str, Any]]:
+    """Each claim decided from the records of one run (see :data:`CLAIMS`).
+
+    For each claim: per selected group, the per-round ``log(case / against)``
+    (:func:`paired_log_ratios`); their mean over the groups' means with a Student t interval
+    (:func:`~tutorial_pkg.experiments.stats.stratified_interval`: rounds independent,
+    each length weighted alike), at ``1 - alpha / k`` for ``k`` claims (Bonferroni), then
+    back to ratios. ``">"`` holds where the whole interval lies above ``bound``, is refuted
+    where it lies below, else is not resolved; ``"<"`` mirrors it; ``"A/A"`` holds where
+    the interval contains 1 (the test does not call the identical callable different) and
+    is refuted where it does not. Under the interval's assumptions each holds-or-refuted
+    verdict is wrong with probability at most ``alpha / (2 k)``, and the family's
+    verdicts are all right with probability at least ``1 - alpha``.
+
+    Args:
+        records: The records of one run.
+        claims: The claims (dicts as :func:`claim_dicts` returns, e.g. as stored in a
+            results file); default :data:`CLAIMS`.
+        alpha: The family-wise error rate.
+
+    Returns:
+        One dict per claim: its id and text, ``ratio`` (the geometric mean over the groups
+        of the within-round ratio), ``low``, ``high``, ``confidence``, ``df``, ``rounds``
+        (pairs used), ``groups`` and ``verdict`` (``"not measured"`` where no group has
+        two rounds of both cases).
+    """
+    from tutorial_pkg.experiments.stats import stratified_interval
+
+    records = list(records)
+    claims = claim_dicts() if claims is None else [dict(c) for c in claims]
+    confidence = 1 - alpha / len(claims)
+    out = []
+    for c in claims:
+        logs = paired_log_ratios(records, c["case"], c["against"], c["groups"])
+        row = {"id": c["id"], "claim": c["claim"], "test": c["test"], "bound": c["bound"]}
+        if not logs:
+            out.append({**row, "verdict": "not measured"})
+            continue
+        r = stratified_interval(list(logs.values()), confidence=confidence)
+        low, high, bound = r["low"], r["high"], math.log(c["bound"])
+        if c["test"] == "A/A":
+            verdict = "holds" if low <= 0 <= high else "refuted"
+        else:
+            above, below = low > bound, high < bound
+            if c["test"] == "<":
+                above, below = below, above
+            verdict = "holds" if above else "refuted" if below else "not resolved"
+        out.append({**row, "ratio": math.exp(r["mean"]), "low": math.exp(low),
+                    "high": math.exp(high), "confidence": confidence, "df": r["df"],
+                    "rounds": r["n"], "groups": sorted(logs), "verdict": verdict})
+    return out
+
+
+def format_claims(decided: Sequence[Mapping[str, Any]]) -> str:
+    """One line per decided claim."""
+    lines = []
+    for d in decided:
+        if d["verdict"] == "not measured":
+            lines.append(f"  {d['id']:<4} not measured   {d['claim']}")
+            continue
+        lines.append(f"  {d['id']:<4} {d['verdict']:<13} x{d['ratio']:.3f} "
+                     f"[{d['low']:.3f}, {d['high']:.3f}]  {d['claim']}")
+    return "\n".join(lines)
 
 
 # --------------------------------------------------------------------------- #
@@ -592,7 +831,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--min-runs", type=int, default=None)
     p.add_argument("--max-time", type=float, default=None, help="seconds per case and round")
     p.add_argument("--rounds", type=int, default=None,
-                   help="interleaved measuring rounds over a group's cases (default 3)")
+                   help="interleaved measuring rounds over a group's cases (default 10)")
+    p.add_argument("--rope-rounds", type=int, default=None,
+                   help="rounds of the rope groups (default 30; --quick: 1)")
+    p.add_argument("--lm-rounds", type=int, default=None,
+                   help="rounds of the lm group (default 30; --quick: 1)")
+    p.add_argument("--order-seed", type=int, default=0,
+                   help="seed of the random order of the cases in every round (default 0; "
+                   "-1: the fixed order, the reference first)")
+    p.add_argument("--naive-for", nargs="+", choices=list(ATTENTION_ENCODINGS), default=None,
+                   help="encodings that get the naive backend (default: all of --encodings)")
     p.add_argument("--threads", type=int, default=None,
                    help="torch CPU threads for this process (default: torch's own)")
     p.add_argument("--no-memory", action="store_true", help="skip peak-memory measurement")
@@ -625,6 +873,13 @@ def _finish_args(args: argparse.Namespace) -> argparse.Namespace:
                  "lm_batch", "lm_len"):
         if getattr(args, name, None) is None:
             setattr(args, name, copy.copy(preset[name]))
+    for name in ("rope_rounds", "lm_rounds"):
+        if getattr(args, name, None) is None:
+            setattr(args, name, preset[name] if preset[name] is not None else args.rounds)
+        if getattr(args, name) < 1:
+            raise ValueError(f"--{name.replace('_', '-')} must be >= 1")
+    if getattr(args, "order_seed", None) is None:
+        args.order_seed = 0
     if getattr(args, "encodings", None) is None:
         args.encodings = list(ATTENTION_ENCODINGS)
     if getattr(args, "parts", None) is None:
@@ -704,27 +959,48 @@ def run(argv: Sequence[str] | None = None, *, suite: SuiteFn | None = None
                         "notes": list(args.plan.notes)}
     print(f"{hardware['device_name']} ({hardware['device']}), torch {hardware['torch']}, "
           f"{hardware['num_threads']} threads, load average {hardware['loadavg']}", flush=True)
+    order_seed = None if args.order_seed < 0 else args.order_seed
+    design = {"order_seed": order_seed, "rounds": {"attention": args.rounds,
+              "rope": args.rope_rounds, "lm train step": args.lm_rounds},
+              "warmup": args.warmup, "min_runs": args.min_runs, "max_time_s": args.max_time}
+    claims = claim_dicts()
+    if args.out is not None:  # the claims go into the file before anything is timed
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        stub = {"status": "running", "claims": claims, "alpha": ALPHA, "design": design,
+                "claims_written": bm.hardware_info("cpu")["date"], "hardware": hardware}
+        args.out.write_text(json.dumps(stub, indent=1) + "\n", encoding="utf-8")
+        print(f"{len(claims)} claims written to {args.out} before timing", flush=True)
     start = time.perf_counter()
     entries = suite(args)
     total = sum(len(e.cases) for e in entries) if isinstance(entries, Sequence) else None
     records: list[bm.BenchRecord] = []
+    load_by_group: dict[str, list[float] | None] = {}
     with tqdm(total=total, unit="case", disable=args.no_progress, file=sys.stderr) as bar:
         for group, cases, reference, params in entries:
             bar.set_description(group)
+            rounds = design["rounds"].get(params.get("op"), args.rounds)
             group_records = bm.compare(
                 cases, reference, device=args.device, group=group, params=params,
                 warmup=args.warmup, min_runs=args.min_runs, max_time_s=args.max_time,
-                rounds=args.rounds, measure_memory=not args.no_memory,
+                rounds=rounds, measure_memory=not args.no_memory,
                 memory_limit=memory_limit, on_case_done=lambda _name: bar.update(1),
+                order_seed=order_seed,
             )
             records.extend(group_records)
+            load_by_group[group] = bm.hardware_info("cpu")["loadavg"]
             # one table per group as soon as it is measured (long runs show progress)
             bar.clear()
             print(bm.format_table(group_records) + "\n", flush=True)
     hardware["loadavg_end"] = bm.hardware_info(args.device)["loadavg"]
     hardware["run_time_s"] = round(time.perf_counter() - start, 1)
+    decided = decide_claims(records, claims)
+    print(f"Claims fixed before the run ({len(claims)}, family-wise alpha {ALPHA}):")
+    print(format_claims(decided))
     if args.out is not None:
-        bm.save_results(records, args.out, hardware)
+        bm.save_results(records, args.out, hardware, extra={
+            "status": "done", "claims": claims, "alpha": ALPHA, "design": design,
+            "claims_written": stub["claims_written"], "decided": decided,
+            "load_by_group": load_by_group})
         print(f"wrote {args.out}")
         print(f"\nload average at start {hardware['loadavg']}, at end "
               f"{hardware['loadavg_end']} ({hardware['cpu_count']} CPUs)")

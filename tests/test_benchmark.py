@@ -401,8 +401,8 @@ def test_cli_quick_writes_json(tmp_path):
     assert data["hardware"]["malloc"] in ("glibc keeps freed blocks (mmap threshold 32 MiB)",
                                           "default")
     records = {r["case"]: r for r in data["records"]}
-    assert set(records) == {bs.ATTENTION_LIMIT, "alibi/sdpa", "alibi/auto", "alibi/article",
-                            "alibi/sdpa-3d-mask"}
+    assert set(records) == {bs.ATTENTION_LIMIT, bs.ATTENTION_AA, "alibi/sdpa", "alibi/auto",
+                            "alibi/article", "alibi/sdpa-3d-mask"}
     assert all(r["ratio"] is not None and r["first_call_ms"] > 0 for r in records.values())
     # the cached (1, H, 128, 128) table vs a (1, H, 1, 128) row (both rounded up to 128)
     assert records["alibi/sdpa"]["held_bytes"] >= 8 * 128 * 128 * 4
@@ -703,3 +703,138 @@ def test_sdpa_kernels_names_the_kernel_that_ran():
     assert bm.sdpa_kernels(lambda: q @ q.transpose(-2, -1)) == []
     with pytest.raises(TypeError):
         bm.sdpa_kernels(None)
+
+
+# --------------------------------------------------------------------------- #
+# Random order per round, A/A controls, and the claims fixed before a run
+# --------------------------------------------------------------------------- #
+def test_compare_draws_a_recorded_random_order_per_round_from_its_seed():
+    calls = []
+    cases = {name: (lambda name=name: calls.append(name)) for name in "abcdef"}
+
+    def orders(seed):
+        calls.clear()
+        recs = bm.compare(cases, "a", device="cpu", warmup=0, min_runs=1, max_time_s=1e-4,
+                          rounds=6, measure_memory=False, order_seed=seed)
+        return {r.case: r.round_positions for r in recs}
+
+    first = orders(3)
+    assert orders(3) == first  # the seed fixes the orders
+    for round_ in range(6):  # a permutation in every round
+        assert sorted(p[round_] for p in first.values()) == list(range(6))
+    assert len({tuple(p) for p in zip(*first.values(), strict=True)}) > 1  # not one order
+    assert first["a"] != [0] * 6  # the reference is not always first
+    fixed = bm.compare(cases, "a", device="cpu", warmup=0, min_runs=1, max_time_s=1e-4,
+                       rounds=2, measure_memory=False)
+    assert all(r.round_positions == [] for r in fixed)  # without a seed: the fixed order
+    with pytest.raises(ValueError):
+        bm.compare(cases, "a", device="cpu", order_seed=-1)
+
+
+def test_save_results_stores_extra_keys_and_refuses_to_replace_the_layout(tmp_path):
+    rec = bm.BenchRecord(group="g", case="c", round_positions=[1, 0])
+    path = bm.save_results([rec], tmp_path / "r.json", {"device": "cpu"},
+                           extra={"claims": [{"id": "X"}], "alpha": 0.05})
+    data = json.loads(path.read_text())
+    assert data["claims"] == [{"id": "X"}] and data["alpha"] == 0.05
+    assert bm.load_results(path).records[0].round_positions == [1, 0]
+    with pytest.raises(ValueError, match="records"):
+        bm.save_results([rec], tmp_path / "s.json", {}, extra={"records": []})
+
+
+def test_every_part_times_its_reference_twice_as_the_same_callable():
+    args = _args("--lengths", "16", "--passes", "fwd", "--encodings", "nope",
+                 "--backends", "sdpa", "--rope-shape", "1", "2", "8", "16",
+                 "--lm-batch", "2", "--lm-len", "8")
+    entries = list(bs.default_suite(args))
+    twins = {"attention": bs.ATTENTION_AA, "rope": bs.ROPE_AA, "lm train step": bs.LM_AA}
+    for entry in entries:
+        aa = entry.cases[twins[entry.params["op"]]]
+        assert aa.fn is entry.cases[entry.reference].fn, entry.group
+    assert {e.params["op"] for e in entries} == set(twins)
+
+
+def test_the_lm_group_times_chapter_7s_model():
+    record = json.loads(bs.CHAPTER7_RECORD.read_text())["config"]
+    want = {k: record[k] for k in ("d_model", "n_layers", "n_heads")}
+    assert bs.lm_model_config() == want
+    (entry,) = bs.lm_suite(_args("--lm-batch", "2", "--lm-len", "8"))
+    assert (entry.params["d_model"], entry.params["layers"], entry.params["heads"]) == (
+        want["d_model"], want["n_layers"], want["n_heads"])
+    assert bs.lm_model_config(Path("/nonexistent.json")) == bs.LM_MODEL_DEFAULT
+
+
+def test_naive_for_limits_the_naive_backend_to_the_encodings_named():
+    args = _args("--lengths", "16", "--passes", "fwd", "--backends", "naive", "sdpa",
+                 "--naive-for", "alibi")
+    (entry,) = bs.attention_suite(args)
+    assert [c for c in entry.cases if c.endswith("/naive")] == ["alibi/naive"]
+
+
+def _records(group, params, ratios):
+    """Records of one group from per-case round ratios (the reference's are all 1)."""
+    out = []
+    for case, rr in ratios.items():
+        out.append(bm.BenchRecord(group=group, case=case, params=params, reference="ref",
+                                  ratio=float(sorted(rr)[len(rr) // 2]), round_ratios=rr,
+                                  median_ms=1.0))
+    return out
+
+
+def test_decide_claims_pairs_rounds_pools_lengths_and_corrects_for_the_family():
+    gen = torch.Generator().manual_seed(0)
+    records = []
+    for n in (512, 1024):
+        params = {"op": "attention", "pass": "fwd", "seq_len": n}
+        drift = (0.1 * torch.randn(20, generator=gen)).exp()  # shared by a round's cases
+        noise = lambda: (0.005 * torch.randn(20, generator=gen)).exp()  # noqa: E731
+        records += _records(f"attn L={n} fwd", params, {
+            "ref": [1.0] * 20,
+            "aa": (noise()).tolist(),
+            "slow": (1.05 * drift * noise()).tolist(),
+            "base": (drift * noise()).tolist(),
+        })
+    sel = {"op": "attention", "pass": "fwd"}
+    claims = bs.claim_dicts([
+        ("C1", "A/A", sel, "aa", "ref", "A/A", 1.0),
+        ("C2", "slow > base", sel, "slow", "base", ">", 1.0),  # the drift cancels in pairs
+        ("C3", "slow < 1.02 base", sel, "slow", "base", "<", 1.02),
+        ("C4", "slow > 1.05 base", sel, "slow", "base", ">", 1.05),  # the truth: unresolved
+        ("C5", "only 1024", {**sel, "lengths": [1024]}, "slow", "base", ">", 1.0),
+        ("C6", "absent", sel, "missing", "base", ">", 1.0),
+    ])
+    decided = {d["id"]: d for d in bs.decide_claims(records, claims)}
+    assert decided["C1"]["verdict"] == "holds"
+    assert decided["C2"]["verdict"] == "holds" and 1.04 < decided["C2"]["ratio"] < 1.06
+    assert decided["C3"]["verdict"] == "refuted"
+    assert decided["C4"]["verdict"] == "not resolved"
+    assert decided["C5"]["groups"] == ["attn L=1024 fwd"] and decided["C5"]["rounds"] == 20
+    assert decided["C6"]["verdict"] == "not measured"
+    assert decided["C2"]["confidence"] == pytest.approx(1 - 0.05 / 6)
+    assert decided["C2"]["rounds"] == 40 and decided["C2"]["groups"] == [
+        "attn L=1024 fwd", "attn L=512 fwd"]
+    # unpaired, the shared drift would swamp a 5 % difference: the pairing is what resolves it
+    logs = bs.paired_log_ratios(records, "slow", "base", sel)
+    assert all(len(v) == 20 for v in logs.values())
+
+
+def test_the_recorded_family_is_written_before_anything_is_timed(tmp_path):
+    out = tmp_path / "r.json"
+    seen = {}
+
+    def suite(args: argparse.Namespace):
+        def ref():
+            if not seen:
+                seen.update(json.loads(out.read_text()))
+        yield bs.SuiteEntry("tiny", {"ref": ref, "b": lambda: None}, "ref", {"op": "x"})
+
+    bs.main(["--quick", "--device", "cpu", "--no-progress", "--no-memory", "--rounds", "2",
+             "--out", str(out)], suite=suite)
+    assert seen["status"] == "running" and seen["claims"] == bs.claim_dicts()
+    assert seen["alpha"] == bs.ALPHA and "records" not in seen
+    data = json.loads(out.read_text())
+    assert data["status"] == "done" and data["claims"] == seen["claims"]
+    assert data["claims_written"] == seen["claims_written"]
+    assert [d["id"] for d in data["decided"]] == [c["id"] for c in data["claims"]]
+    assert data["design"]["order_seed"] == 0
+    assert all(len(r["round_positions"]) == 2 for r in data["records"])

@@ -169,6 +169,7 @@ def compare(
     memory_limit: int | None = None,
     on_case_done: Callable[[str], Any] | None = None,
     flush_l2: bool | None = None,
+    order_seed: int | None = None,
 ) -> list[BenchRecord]:
     """Measure several callables side by side and relate each to a reference.
 
@@ -184,6 +185,17 @@ def compare(
     every case instead of biasing whichever ran last; the ratio is then the
     median of the per-round ratios (each case against the reference measured in
     the same round, seconds apart), which is robust on a shared machine.
+
+    **Order.** Without ``order_seed`` every round runs the reference first, then the
+    other cases in the order of ``cases``: a case's position in a round is then fixed, and
+    whatever depends on it (the machine warming up or settling during a round, what the
+    previous case left in caches or in the allocator) is confounded with the case. With
+    ``order_seed`` every round runs all cases in a fresh random order (a permutation drawn
+    from a ``torch.Generator`` seeded with it, so the same seed gives the same orders), and
+    each record keeps its position in every round
+    (:attr:`~tutorial_pkg.measure.records.BenchRecord.round_positions`): position effects
+    then become noise shared out over the cases, not a bias of one, and one callable timed
+    under two names (an A/A control) has per-round log ratios symmetric about 0.
 
     **Memory.** Cases are measured one at a time, and a case's memory (peak
     per call, then what it holds) is measured in the last round right after its
@@ -218,6 +230,9 @@ def compare(
             run left in L2 (a 50 MB L2 holds a whole small attention call). ``None``
             (the default) flushes on CUDA devices; ``False`` times warm-cache runs (state
             it when you report them). No effect on a CPU.
+        order_seed: With an int >= 0, a random order of all cases in every round, drawn
+            from this seed and recorded; ``None`` (the default) runs the reference first
+            and the rest in the order given.
 
     Returns:
         One :class:`~tutorial_pkg.measure.records.BenchRecord` per case, in the order of ``cases``,
@@ -252,8 +267,13 @@ def compare(
     if memory_limit is not None:
         check_positive_int("memory_limit", memory_limit)
 
-    # The reference goes first in every round: if it fails, we know early.
+    if order_seed is not None:
+        check_nonneg_int("order_seed", order_seed)
+    # Without a seed the reference goes first in every round: if it fails, we know early.
     order = [reference] + [n for n in specs if n != reference]
+    names = list(specs)
+    gen = None if order_seed is None else torch.Generator().manual_seed(order_seed)
+    positions: dict[str, list[int]] = {n: [] for n in specs}
     samples: dict[str, list[float]] = {n: [] for n in specs}
     round_medians: dict[str, list[float | None]] = {n: [] for n in specs}
     calls: dict[str, int] = {n: 1 for n in specs}
@@ -265,7 +285,12 @@ def compare(
     held: dict[str, int] = {}
     for round_ in range(rounds):
         last = round_ == rounds - 1
-        for name in order:
+        if gen is not None:
+            round_order = [names[i] for i in torch.randperm(len(names), generator=gen).tolist()]
+        else:
+            round_order = order
+        for position, name in enumerate(round_order):
+            positions[name].append(position)
             spec = specs[name]
             if name in errors:
                 round_medians[name].append(None)
@@ -330,6 +355,7 @@ def compare(
             error=errors.get(name),
         )
         records[name].first_call_ms = first_ms.get(name)
+        records[name].round_positions = positions[name] if order_seed is not None else []
         records[name].held_bytes = held.get(name)
         records[name].skipped = name in skipped
         fp = specs[name].footprint

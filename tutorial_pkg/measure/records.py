@@ -148,6 +148,9 @@ class BenchRecord:
             rounds, the median over rounds of that ratio within each round
             (paired: a busy spell of the machine slows both sides of a pair).
         round_ratios: The per-round ratios (empty with one round).
+        round_positions: The case's position (0 = first) in each round, when
+            :func:`~tutorial_pkg.measure.cases.compare` drew a random order per round
+            (``order_seed``); empty when the order was fixed.
         median_ms: See :class:`~tutorial_pkg.measure.timing.Timing`; ``None`` if the case failed.
         p25_ms: See :class:`~tutorial_pkg.measure.timing.Timing`.
         p75_ms: See :class:`~tutorial_pkg.measure.timing.Timing`.
@@ -185,6 +188,7 @@ class BenchRecord:
     reference: str | None = None
     ratio: float | None = None
     round_ratios: list[float] = field(default_factory=list)
+    round_positions: list[int] = field(default_factory=list)
     median_ms: float | None = None
     p25_ms: float | None = None
     p75_ms: float | None = None
@@ -274,21 +278,25 @@ class Results(NamedTuple):
 
 
 def save_results(
-    records: Iterable[BenchRecord], path: str | os.PathLike[str], hardware: Mapping[str, Any]
+    records: Iterable[BenchRecord], path: str | os.PathLike[str], hardware: Mapping[str, Any],
+    *, extra: Mapping[str, Any] | None = None,
 ) -> Path:
-    """Write ``{"schema_version", "hardware", "records"}`` as JSON.
+    """Write ``{"schema_version", "hardware", "records"}`` (and ``extra``'s keys) as JSON.
 
     Args:
         records: The records.
         path: Output file (parent folders are created).
         hardware: Usually :func:`hardware_info`.
+        extra: More top-level keys (e.g. the claims a run was made to test, and their
+            verdicts); :func:`load_results` ignores them: read the JSON for them.
 
     Returns:
         The path written.
 
     Raises:
         TypeError: If a record is not a :class:`BenchRecord` or ``hardware`` not a mapping.
-        ValueError: If a number is NaN or infinite (the file would not be valid JSON).
+        ValueError: If a number is NaN or infinite (the file would not be valid JSON), or
+            ``extra`` names a key of the layout.
     """
     records = list(records)
     for i, r in enumerate(records):
@@ -302,6 +310,10 @@ def save_results(
         "hardware": _jsonable(dict(hardware)),
         "records": [r.to_dict() for r in records],
     }
+    for key, value in (extra or {}).items():
+        if key in payload:
+            raise ValueError(f"extra must not replace {key!r}")
+        payload[key] = _jsonable(value)
     path.parent.mkdir(parents=True, exist_ok=True)
     # allow_nan=False: a NaN would make the file invalid JSON for other tools.
     path.write_text(json.dumps(payload, indent=2, allow_nan=False) + "\n", encoding="utf-8")
