@@ -17,9 +17,6 @@
 * :func:`stratified_interval`: the mean of per-condition means (e.g. a paired log ratio
   of timings over rounds, at several sequence lengths) with a t interval
   (Welch-Satterthwaite degrees of freedom).
-* :func:`stratified_interval`: the mean of per-condition means (e.g. a paired log ratio
-  of timings over rounds, at several sequence lengths) with a t interval
-  (Welch-Satterthwaite degrees of freedom).
 * :func:`bonferroni`: the per-claim confidence that keeps a family of claims at a
   family-wise confidence.
 * :func:`verdict`: "holds", "refuted" or "not resolved" for a claim decided by an interval
@@ -40,7 +37,6 @@ Example:
 from __future__ import annotations
 
 import functools
-import functools
 import math
 from collections.abc import Mapping, Sequence
 
@@ -56,7 +52,6 @@ __all__ = [
     "paired_differences",
     "sign_flip",
     "bonferroni",
-    "stratified_interval",
     "stratified_interval",
     "verdict",
 ]
@@ -427,68 +422,6 @@ def paired_differences(
         out[name] = {**paired_difference(pair[0], pair[1], confidence=each, method=method),
                      "k": k}
     return out
-
-
-@functools.lru_cache(maxsize=4096)
-def _t_quantile_cached(p: float, df: int) -> float:
-    return t_quantile(p, df)
-
-
-def stratified_interval(strata, *, confidence: float = 0.95) -> dict:
-    """The mean over strata of each stratum's mean, with a Student t interval.
-
-    For one difference measured under several conditions, e.g. the log ratio of two
-    timings taken in the same round, in several rounds at each of several sequence
-    lengths: each stratum (a length) gives the mean of its values (its rounds), and the
-    estimate is the **unweighted mean of the stratum means**, the average effect over the
-    conditions measured, whether or not the effect is the same in each (pooling all values
-    into one mean would weight conditions by their counts and, where the effect differs,
-    mix that difference into the noise). With the values independent within and across
-    strata, its variance is ``sum_g s_g^2 / (G^2 n_g)``; the interval is
-    ``mean +- t * sqrt(variance)`` with Student's t at the Welch-Satterthwaite degrees of
-    freedom ``(sum_g v_g)^2 / sum_g (v_g^2 / (n_g - 1))``, ``v_g = s_g^2 / n_g``, rounded
-    down (conservative). With one stratum this is :func:`t_interval`.
-
-    Args:
-        strata: a sequence of strata, each a sequence (or tensor) of at least 2 values.
-        confidence: the interval's coverage, in ``(0, 1)``.
-
-    Returns:
-        ``{"mean", "low", "high", "df", "n", "strata", "confidence", "stratum_means"}``
-        (``n`` the number of values, ``strata`` the number of strata).
-
-    Raises:
-        TypeError: for strata that are not sequences of numbers.
-        ValueError: for no strata, a stratum of fewer than 2 values, non-finite values or a
-            confidence outside ``(0, 1)``.
-
-    Example:
-        >>> r = stratified_interval([[0.1, 0.3, 0.2], [1.0, 1.2, 1.1]])
-        >>> round(r["mean"], 3), r["df"], r["low"] < r["mean"] < r["high"]
-        (0.65, 4, True)
-    """
-    if isinstance(strata, (str, bytes, Mapping, torch.Tensor)) or not isinstance(strata,
-                                                                                  Sequence):
-        raise TypeError(f"strata must be a sequence of sequences of numbers, got {strata!r}")
-    if not strata:
-        raise ValueError("strata must hold at least one stratum")
-    confidence = _confidence(confidence)
-    vs = [_values(f"strata[{i}]", s) for i, s in enumerate(strata)]
-    if any(v.numel() < 2 for v in vs):
-        raise ValueError("every stratum needs at least 2 values (a spread to estimate)")
-    g = len(vs)
-    means = [v.mean().item() for v in vs]
-    var_of_mean = [v.var().item() / v.numel() for v in vs]  # v_g = s_g^2 / n_g
-    variance = sum(var_of_mean) / g**2
-    dof = sum(v.numel() - 1 for v in vs)
-    denom = sum(w * w / (v.numel() - 1) for w, v in zip(var_of_mean, vs, strict=True))
-    if denom > 0:
-        dof = max(1, math.floor(sum(var_of_mean) ** 2 / denom + 1e-9))
-    half = _t_quantile_cached((1 + confidence) / 2, dof) * math.sqrt(variance)
-    mean = sum(means) / g
-    return {"mean": mean, "low": mean - half, "high": mean + half, "df": dof,
-            "n": sum(v.numel() for v in vs), "strata": g, "confidence": confidence,
-            "stratum_means": means}
 
 
 @functools.lru_cache(maxsize=4096)
