@@ -377,3 +377,41 @@ def test_search_results_quote_the_chapters(browser, server, query):
     )
     tex_titles = [t for t in titles if re.search(r"\\[A-Za-z]+|\$", t)]
     assert not tex_titles, f"TeX in search result titles (a heading with math?): {tex_titles}"
+
+
+#: Pages that must hold an interactive figure (tutorial_pkg.plotting.slider_figure).
+INTERACTIVE_PAGES = ("book/01_sinusoidal", "book/02_rope", "book/03_alibi")
+
+
+def test_interactive_figures_respond_to_their_slider(browser, server):
+    """Each interactive figure is drawn by the bundled script (no network), and moving its
+    slider to the last frame redraws every curve and the value shown beside it."""
+    _set_width(browser, WIDTHS[0])
+    found = {}
+    for page in toc_pages():
+        browser.get(f"{server}{page}.html")
+        figures = browser.execute_script(
+            "return [...document.querySelectorAll('.pe-slider-figure')].map((f) => f.id)")
+        found[page] = figures
+        for name in figures:
+            state = browser.execute_script(
+                """
+                const box = document.getElementById(arguments[0]);
+                const input = box.querySelector('input[type=range]');
+                const read = () => [[...box.querySelectorAll('polyline.pe-curve')]
+                                      .map((p) => p.getAttribute('points')),
+                                    (box.querySelector('output') || {}).textContent];
+                if (!input) return {drawn: false, text: box.textContent};
+                const before = read();
+                input.value = input.max;
+                input.dispatchEvent(new Event('input'));
+                return {drawn: true, before: before, after: read(), frames: Number(input.max) + 1};
+                """, name)
+            assert state["drawn"], f"{page}#{name} was not drawn: {state['text']!r}"
+            (curves0, value0), (curves1, value1) = state["before"], state["after"]
+            assert state["frames"] > 1 and curves0 and all(curves0), f"{page}#{name}: empty"
+            assert value1 != value0, f"{page}#{name}: the slider's value did not change"
+            assert any(a != b for a, b in zip(curves0, curves1, strict=True)), (
+                f"{page}#{name}: no curve changed with the slider")
+    missing = [p for p in INTERACTIVE_PAGES if not found.get(p)]
+    assert not missing, f"pages without an interactive figure: {missing}"
