@@ -51,6 +51,7 @@ __all__ = [
     "paired_difference",
     "paired_differences",
     "sign_flip",
+    "EXACT_MAX",
     "bonferroni",
     "stratified_interval",
     "verdict",
