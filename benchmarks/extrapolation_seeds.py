@@ -9,6 +9,10 @@ Usage (from the repository root)::
     # one process per seed (on a shared machine), then one file:
     python benchmarks/extrapolation_seeds.py --skip-tasks --seeds 0 --out /tmp/s0.json  # etc.
     python benchmarks/extrapolation_seeds.py --merge /tmp/s0.json /tmp/s1.json /tmp/s2.json
+    # chapter 7's pre-registered run: the family first, then one process per seed, merged
+    python benchmarks/extrapolation_seeds.py --preregistered --claims-only
+    python benchmarks/extrapolation_seeds.py --preregistered --seeds 5 --out /tmp/p5.json  # etc.
+    python benchmarks/extrapolation_seeds.py --preregistered --merge /tmp/p5.json ... /tmp/p9.json
 
 Chapter 7 (``--out``, default ``book/data/extrapolation_results.json``): for every seed
 and every variant of :data:`VARIANTS` (an encoding name with its options; the scaled
@@ -28,6 +32,19 @@ at ``L`` and evaluated at ``L .. 8L`` (RoPE-based encodings also with each scali
 * ``attention_distance``: the mean attention distance of queries in ``[L/2, L)`` (inside
   the training length) and ``[3L, 4L)``;
 * ``training``: the final training loss of every model.
+
+Chapter 7's pre-registered run (``--preregistered``, ``--out`` default
+``book/data/extrapolation_preregistered.json``): the record above (seeds 0-4, commit
+:data:`CH7_PILOT`) was the pilot from which chapter 7's claims were drawn. The family
+:data:`CH7_CLAIMS`, with its test and :data:`CH7_ALPHA`, is written into the file
+(``"status": "running"``) before anything is trained (``--claims-only``), and decided on the
+fresh seeds :data:`CH7_SEEDS` only (:func:`decide_ch7`, at ``--merge``). The run trains the
+variants the family names (:data:`CH7_ENCODINGS`), the copy-trained ``rope+copy`` and the
+positive control past ``L``: ``rope+copy`` trained on for :data:`LONG_STEPS` steps at
+``8 L`` with copies at every offset up to ``8 L - s`` (label ``rope+copy+8L``). Every training
+seed draws its own copy-test windows (seed ``TRIAL_SEED_BASE + seed``), and the copy test is
+run a second time with every window ``8 L`` long (``retrieval_fixed_window``: the scored
+tokens at the same positions at every distance).
 
 Chapter 6 (``--tasks-out``, default ``book/data/hybrid_results.json``), a pre-registered run:
 
@@ -51,6 +68,7 @@ record; the chapters compute means and spreads from them
 from __future__ import annotations
 
 import argparse
+import copy
 import dataclasses
 import json
 import math
@@ -88,7 +106,10 @@ from tutorial_pkg.experiments.training import (
     ExperimentConfig,
     evaluate,
     evaluation_blocks,
+    lr_factor,
+    make_optimizer,
     train,
+    training_batches,
 )
 from tutorial_pkg.measure.cases import hardware_info
 
@@ -188,6 +209,171 @@ CH6_TEST = ("paired sign-flip test over seeds (tutorial_pkg.experiments.stats.si
             "tutorial_pkg.experiments.stats.verdict")
 
 
+#: Chapter 7's pre-registered run. The pilot: the record of seeds 0-4 at this commit, from
+#: which the claims below were drawn (and the margins chosen); the family is decided on
+#: the fresh seeds CH7_SEEDS only.
+CH7_PILOT = {"seeds": [0, 1, 2, 3, 4], "commit": "2fbdf61", "file": "extrapolation_results.json"}
+CH7_SEEDS = [5, 6, 7, 8, 9]
+CH7_ENCODINGS = ["nope", "sinusoidal_scaled", "rope", "alibi", "hybrid"]
+CH7_COPY_ENCODINGS = ["rope"]
+#: the positive control past L: rope+copy trained on at LONG_MULTIPLE * L for LONG_STEPS
+#: steps of LONG_BATCH windows, with a copy in every window at any offset
+LONG_MULTIPLE, LONG_STEPS, LONG_BATCH = 8, 600, 8
+#: training seed s draws its copy-test windows with seed TRIAL_SEED_BASE + s
+TRIAL_SEED_BASE = 2000
+#: equivalence margins, chosen from the pilot: nats per byte (0.02: about 2 % perplexity)
+#: and accuracy (0.05: a twentieth of the scored bytes)
+CH7_NLL_MARGIN, CH7_ACC_MARGIN = 0.02, 0.05
+CH7_ALPHA = 0.05
+CH7_TEST = ("paired t interval over seeds (tutorial_pkg.experiments.stats.paired_difference, "
+            "method='t'): two-sided at 1 - alpha / k (Bonferroni over the k claims); verdict by "
+            "tutorial_pkg.experiments.stats.verdict")
+
+
+def _ft(encoding, k, scaling="none", measure="fixed_targets"):
+    return {"measure": measure, "encoding": encoding, "ratio": k, "scaling": scaling,
+            "field": "nll"}
+
+
+def _at(encoding, k):
+    return _ft(encoding, k, measure="all_tokens")
+
+
+def _growth(encoding, k):
+    return {**_ft(encoding, k), "minus": _ft(encoding, 1)}
+
+
+def _ret(encoding, distance, field):
+    return {"measure": "retrieval", "encoding": encoding, "distance": distance, "field": field}
+
+
+def _dist(encoding, lo, hi):
+    return {"measure": "attention_distance", "encoding": encoding, "query_range": [lo, hi],
+            "field": "mean_distance"}
+
+
+def _copies(encoding, d, test="greater", margin=None):
+    what = "copies" if test == "greater" else f"copy - control within {margin}"
+    return {"claim": f"copy test, {encoding} at d = {d}: {what}", "test": test,
+            **({"margin": margin} if margin else {}),
+            "a": _ret(encoding, d, "acc_copy"), "b": _ret(encoding, d, "acc_control")}
+
+
+def ch7_claims(L=64, s=16, top=8, far=32):
+    """Chapter 7's claim family at training length ``L`` (``s = L/4``), each ``a - b``.
+
+    Values are per seed, paired by seed: NLL in nats per byte (fixed targets unless
+    ``all_tokens``), copy-test accuracy, mean attention distance in bytes.
+    """
+    near, ds = L // 2, (L // 2, 2 * L, 4 * L, top * L - s)
+    inside, past = (L // 2, L), (3 * L, 4 * L)
+    g, lt = "greater", "less"
+    return [
+        {"claim": "RoPE: 8L worse than L", "test": g, "a": _ft("rope", top), "b": _ft("rope", 1)},
+        {"claim": f"ALiBi: 8L within {CH7_NLL_MARGIN} nats of L", "test": "equivalent",
+         "margin": CH7_NLL_MARGIN, "a": _ft("alibi", top), "b": _ft("alibi", 1)},
+        {"claim": "at 8L: RoPE worse than ALiBi", "test": g, "a": _ft("rope", top),
+         "b": _ft("alibi", top)},
+        {"claim": "at L: RoPE better than ALiBi", "test": lt, "a": _ft("rope", 1),
+         "b": _ft("alibi", 1)},
+        {"claim": "at L: hybrid better than RoPE", "test": lt, "a": _ft("hybrid", 1),
+         "b": _ft("rope", 1)},
+        {"claim": "at 8L: hybrid better than RoPE", "test": lt, "a": _ft("hybrid", top),
+         "b": _ft("rope", top)},
+        {"claim": "at 8L: NoPE better than RoPE", "test": lt, "a": _ft("nope", top),
+         "b": _ft("rope", top)},
+        {"claim": "L to 8L: NoPE grows less than RoPE", "test": lt, "a": _growth("nope", top),
+         "b": _growth("rope", top)},
+        {"claim": "NoPE: 8L worse than L", "test": g, "a": _ft("nope", top), "b": _ft("nope", 1)},
+        {"claim": "at L: NoPE worse than ALiBi", "test": g, "a": _ft("nope", 1),
+         "b": _ft("alibi", 1)},
+        {"claim": "at 8L: NoPE worse than ALiBi", "test": g, "a": _ft("nope", top),
+         "b": _ft("alibi", top)},
+        {"claim": "scaled sinusoidal: 2L worse than L", "test": g,
+         "a": _ft("sinusoidal_scaled", 2), "b": _ft("sinusoidal_scaled", 1)},
+        {"claim": "at 2L: RoPE + linear worse than RoPE", "test": g,
+         "a": _ft("rope", 2, "linear"), "b": _ft("rope", 2)},
+        {"claim": "at 8L: RoPE + YaRN better than RoPE", "test": lt,
+         "a": _ft("rope", top, "yarn"), "b": _ft("rope", top)},
+        {"claim": "at 8L: RoPE + YaRN worse than ALiBi", "test": g,
+         "a": _ft("rope", top, "yarn"), "b": _ft("alibi", top)},
+        {"claim": "all tokens: ALiBi better at 2L than at L", "test": lt, "a": _at("alibi", 2),
+         "b": _at("alibi", 1)},
+        {"claim": f"all tokens: ALiBi better at {far}L than at L", "test": lt,
+         "a": _at("alibi", far), "b": _at("alibi", 1)},
+        {"claim": f"all tokens: RoPE worse at {far}L than at L", "test": g,
+         "a": _at("rope", far), "b": _at("rope", 1)},
+        {"claim": f"all tokens: scaled sinusoidal worse at {far}L than at L", "test": g,
+         "a": _at("sinusoidal_scaled", far), "b": _at("sinusoidal_scaled", 1)},
+        _copies("rope+copy", near),
+        _copies("rope+copy", ds[-1], "equivalent", CH7_ACC_MARGIN),
+        *(_copies("rope+copy+8L", d) for d in ds),
+        *(_copies(e, near, "equivalent", CH7_ACC_MARGIN) for e in ("rope", "alibi")),
+        {"claim": "attention distance inside L: RoPE closer than ALiBi", "test": lt,
+         "a": _dist("rope", *inside), "b": _dist("alibi", *inside)},
+        {"claim": "attention distance past L: RoPE farther than ALiBi", "test": g,
+         "a": _dist("rope", *past), "b": _dist("alibi", *past)},
+    ]
+
+
+CH7_CLAIMS = tuple(ch7_claims())
+
+
+def ch7_values(payload, ref):
+    """The per-seed values (in ``payload["seeds"]`` order) a chapter-7 claim's ref names."""
+    match = {k: v for k, v in ref.items() if k not in ("measure", "field", "minus")}
+    rows = {r["seed"]: r[ref["field"]] for r in payload[ref["measure"]]
+            if all(r.get(k) == v for k, v in match.items())}
+    seeds = payload["seeds"]
+    if sorted(rows) != sorted(seeds) or any(rows[s] is None for s in seeds):
+        raise ValueError(f"{ref} has seeds {sorted(rows)}, the run {seeds}")
+    values = [rows[s] for s in seeds]
+    if "minus" in ref:
+        values = [x - y for x, y in zip(values, ch7_values(payload, ref["minus"]), strict=True)]
+    return values
+
+
+def decide_ch7(payload, claims=None, alpha=None):
+    """Each claim of chapter 7's stored family decided on the run (see :func:`ch7_claims`)."""
+    claims = payload["claims"] if claims is None else claims
+    alpha = payload["alpha"] if alpha is None else alpha
+    confidence = bonferroni(1 - alpha, len(claims))
+    out = []
+    for c in claims:
+        d = paired_difference(ch7_values(payload, c["a"]), ch7_values(payload, c["b"]),
+                              confidence=confidence, method="t")
+        out.append({"claim": c["claim"], "mean": d["mean"], "low": d["low"], "high": d["high"],
+                    "confidence": confidence,
+                    "verdict": verdict(d, c["test"], c.get("margin"))})
+    return out
+
+
+def family(args):
+    """Chapter 7's family as stored (at ``--quick``'s sizes for a smoke test)."""
+    return [dict(c) for c in (ch7_claims(16, 4) if args.quick else CH7_CLAIMS)]
+
+
+def continue_training(model, cfg, train_ids):
+    """Train ``model`` on for ``cfg.steps`` steps of :func:`training_batches` (a fresh
+    AdamW and schedule, as :func:`~tutorial_pkg.experiments.training.train` sets them up)."""
+    optimizer = make_optimizer(model, cfg)
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_factor(cfg))
+    losses = []
+    model.train()
+    for x, y in training_batches(train_ids, cfg):
+        loss = model.loss(x, y)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+        optimizer.step()
+        schedule.step()
+        losses.append(loss.item())
+        if not math.isfinite(losses[-1]):
+            raise RuntimeError(f"continued training diverged at step {len(losses)}")
+    model.eval()
+    return model, losses
+
+
 def mean_attention_distance(model, heldout_ids, query_range, n_windows=8):
     """Mean over windows, layers and heads of sum_j w_ij (i - j), queries in ``query_range``.
 
@@ -218,6 +404,11 @@ def variant_config(base, label):
                                steps=base.steps if base.steps < 100 else COPY_STEPS)
 
 
+def top_len(cfg):
+    """The longest evaluation length, ``max(eval_multiples) * L``."""
+    return max(cfg.eval_multiples) * cfg.train_len
+
+
 def run_chapter7(args, device):
     train_ids, heldout_ids = load_splits()
     base = ExperimentConfig(d_model=args.d_model, n_layers=args.n_layers, steps=args.steps,
@@ -230,8 +421,14 @@ def run_chapter7(args, device):
     distances = copy_distances(L, seg)
     n_blocks = 8 if args.quick else args.target_blocks
     labels = list(args.encodings) + [f"{name}+copy" for name in args.copy_encodings]
-    out = {key: [] for key in ("records", "fixed_targets", "all_tokens", "retrieval",
-                               "attention_distance", "training")}
+    keys = ("records", "fixed_targets", "all_tokens", "retrieval", "attention_distance",
+            "training") + (("retrieval_fixed_window",) if args.preregistered else ())
+    out = {key: [] for key in keys}
+    long_cfg = dataclasses.replace(  # eval sizes: enough for a window of 8 L (not used)
+        base, train_len=LONG_MULTIPLE * L, batch_size=LONG_BATCH,
+        steps=LONG_STEPS if not args.quick else base.steps, copy_fraction=COPY_FRACTION,
+        eval_multiples=(1,), eval_tokens=max(base.eval_tokens, LONG_MULTIPLE * L),
+        eval_batch_tokens=max(base.eval_batch_tokens, LONG_MULTIPLE * L))
     for seed in args.seeds:
         t0 = time.perf_counter()
         for label in labels:
@@ -243,9 +440,31 @@ def run_chapter7(args, device):
             out["training"].append({"seed": seed, "encoding": label,
                                     "copy_fraction": cfg.copy_fraction, "steps": cfg.steps,
                                     "final_train_loss": sum(tail) / len(tail)})
-            for r in retrieval_test(model, heldout_ids, distances, segment_len=seg,
-                                    n_trials=args.trials, encoding_name=label):
-                out["retrieval"].append({"seed": seed, "train_len": L, **r})
+            trained = [(label, model, L)]
+            if args.preregistered and label in {f"{e}+copy" for e in args.long_control}:
+                long_model = copy.deepcopy(model)
+                _, long_losses = continue_training(long_model, dataclasses.replace(
+                    long_cfg, seed=seed), train_ids)
+                tail_long = long_losses[-max(1, len(long_losses) // 10):]
+                out["training"].append({
+                    "seed": seed, "encoding": f"{label}+{LONG_MULTIPLE}L", "trained_from": label,
+                    "train_len": long_cfg.train_len, "batch_size": long_cfg.batch_size,
+                    "copy_fraction": long_cfg.copy_fraction, "steps": long_cfg.steps,
+                    "final_train_loss": sum(tail_long) / len(tail_long)})
+                trained.append((f"{label}+{LONG_MULTIPLE}L", long_model, long_cfg.train_len))
+            trial_seed = TRIAL_SEED_BASE + seed if args.preregistered else 0
+            for name_r, model_r, len_r in trained:
+                for r in retrieval_test(model_r, heldout_ids, distances, segment_len=seg,
+                                        n_trials=args.trials, encoding_name=name_r,
+                                        seed=trial_seed):
+                    out["retrieval"].append({"seed": seed, "train_len": len_r,
+                                             "trial_seed": trial_seed, **r})
+                if args.preregistered:
+                    for r in retrieval_test(model_r, heldout_ids, distances, segment_len=seg,
+                                            n_trials=args.trials, encoding_name=name_r,
+                                            seed=trial_seed, window_len=top_len(cfg)):
+                        out["retrieval_fixed_window"].append(
+                            {"seed": seed, "train_len": len_r, "trial_seed": trial_seed, **r})
             if label.endswith("+copy"):
                 continue  # the positive control is for the copy test only
             rules = [None] + (list(args.scalings) if model.encoding.supports_scaling else [])
@@ -371,11 +590,23 @@ CH7_KEYS = ("records", "fixed_targets", "all_tokens", "retrieval", "attention_di
 
 
 def merge(paths, out):
-    """Combine chapter-7 files of single seeds (same configuration) into one file."""
+    """Combine chapter-7 files of single seeds (same configuration) into one file.
+
+    Pre-registered parts must carry the family already stored in ``out`` (written by
+    ``--claims-only`` before any part started); the merged file keeps that family and the
+    time it was written, and adds the decisions (:func:`decide_ch7`).
+    """
     parts = [json.loads(Path(p).read_text()) for p in paths]
     first = parts[0]
+    stored = json.loads(Path(out).read_text()) if Path(out).exists() else {}
+    if "claims" in first:
+        if stored.get("claims") != first["claims"] or stored.get("status") != "running":
+            raise SystemExit(f"cannot merge: {out} does not hold the parts' family, running")
+        started = min(part["started"] for part in parts)
+        if not stored["claims_written"] < started:
+            raise SystemExit("cannot merge: a part started before the family was written")
     for part in parts[1:]:
-        for key in ("config", "encodings", "copy_encodings", "rope_scalings"):
+        for key in ("config", "encodings", "copy_encodings", "rope_scalings", "claims"):
             if part[key] != first[key]:
                 raise SystemExit(f"cannot merge: {key} differs between {paths[0]} and another file")
     seeds = [s for part in parts for s in part["seeds"]]
@@ -391,9 +622,16 @@ def merge(paths, out):
                "run_time_s": max(part["run_time_s"] for part in parts),
                "run_time_note": "the seeds ran as parallel processes: wall time of the slowest",
                "cpu_time_s": sum(part.get("cpu_time_s", 0.0) for part in parts)}
-    for key in CH7_KEYS:
+    for key in CH7_KEYS + (("retrieval_fixed_window",) if "claims" in first else ()):
         payload[key] = [r for part in parts for r in part[key]]
-    Path(out).write_text(json.dumps(payload, indent=1) + "\n")
+    if "claims" in first:
+        payload.update({"claims_written": stored["claims_written"],
+                        "commit": stored["commit"], "started": started,
+                        "status": "done"})
+        payload["decided"] = decide_ch7(payload)
+        for d in payload["decided"]:
+            print(f"  {d['claim']:62s} {d['verdict']}")
+    Path(out).write_text(json.dumps(payload, indent=1, allow_nan=False) + "\n")
     print(f"merged {len(parts)} files ({len(seeds)} seeds) into {out}")
 
 
@@ -417,6 +655,11 @@ def main(argv=None):
     parser.add_argument("--task-seeds", nargs="+", type=int, default=DEFAULT_TASK_SEEDS,
                         help="chapter 6's seeds (default 5-24; 0-4 were the pilot)")
     parser.add_argument("--skip-tasks", action="store_true", help="chapter 7's part only")
+    parser.add_argument("--preregistered", action="store_true",
+                        help="chapter 7's pre-registered run (its family, seeds, variants, "
+                             "controls; chapter 7 only; see the module docstring)")
+    parser.add_argument("--claims-only", action="store_true",
+                        help="with --preregistered: write the family into --out, then stop")
     parser.add_argument("--skip-extrapolation", action="store_true", help="chapter 6's only")
     parser.add_argument("--quick", action="store_true", help="tiny sizes (smoke test)")
     parser.add_argument("--threads", type=int, default=None, help="torch.set_num_threads")
@@ -426,6 +669,29 @@ def main(argv=None):
     parser.add_argument("--merge", nargs="+", metavar="JSON",
                         help="combine chapter-7 files of single seeds into --out, then stop")
     args = parser.parse_args(argv)
+    args.long_control = []
+    if args.preregistered:
+        args.skip_tasks = True
+        defaults = {"seeds": [0, 1, 2], "encodings": DEFAULT_ENCODINGS,
+                    "copy_encodings": DEFAULT_COPY_ENCODINGS,
+                    "out": "book/data/extrapolation_results.json"}
+        prereg = {"seeds": CH7_SEEDS, "encodings": CH7_ENCODINGS,
+                  "copy_encodings": CH7_COPY_ENCODINGS,
+                  "out": "book/data/extrapolation_preregistered.json"}
+        for key, value in defaults.items():
+            if getattr(args, key) == value:
+                setattr(args, key, prereg[key])
+        args.long_control = list(args.copy_encodings)
+        if args.claims_only:
+            Path(args.out).write_text(json.dumps({
+                "description": "Chapter 7's pre-registered run: the claim family, written "
+                               "before any model was trained",
+                "commit": commit(), "claims": family(args),
+                "alpha": CH7_ALPHA, "test": CH7_TEST, "pilot": CH7_PILOT,
+                "claims_written": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+                "status": "running"}, indent=1) + "\n")
+            print(f"wrote the family into {args.out}")
+            return
     if args.merge:
         merge(args.merge, args.out)
         return
@@ -444,6 +710,15 @@ def main(argv=None):
 
     if not args.skip_extrapolation:
         t0, c0 = time.perf_counter(), time.process_time()
+        started = datetime.now(timezone.utc).isoformat(timespec="seconds")
+        prereg = {"claims": family(args), "alpha": CH7_ALPHA,
+                  "test": CH7_TEST, "pilot": CH7_PILOT, "started": started,
+                  "trial_seed_base": TRIAL_SEED_BASE,
+                  "long_control": {"from": [f"{e}+copy" for e in args.long_control],
+                                   "train_len_multiple": LONG_MULTIPLE, "steps": LONG_STEPS,
+                                   "batch_size": LONG_BATCH}} if args.preregistered else {}
+        if args.preregistered:  # the family in the part too, before its first model
+            Path(args.out).write_text(json.dumps({**prereg, "status": "running"}) + "\n")
         cfg, results = run_chapter7(args, args.device)
         payload = {
             "description": "Chapter 7: held-out perplexity (per byte) by evaluation length "
@@ -458,7 +733,7 @@ def main(argv=None):
             "variants": {k: {"encoding": VARIANTS[k][0], "kwargs": VARIANTS[k][1]}
                          for k in args.encodings},
             "rope_scalings": args.scalings, "all_token_multiples": list(ALL_TOKEN_MULTIPLES),
-            **results,
+            **prereg, **results,
         }
         Path(args.out).write_text(json.dumps(payload, indent=1) + "\n")
         print(f"wrote {args.out}: {len(results['records'])} records, {payload['run_time_s']:.0f} s")

@@ -56,6 +56,21 @@ def test_retrieval_test_measures_copying(ids):
     assert abs(other["gain"]) < 1.0 and other["acc_copy"] < 0.5
 
 
+def test_retrieval_test_fixed_window(ids, models):
+    heldout = ids[1]
+    d, s, n = 40, 8, 100
+    fixed = retrieval_test(_Oracle(d), heldout, [d], segment_len=s, n_trials=8, window_len=n)[0]
+    assert fixed["window_len"] == n and fixed["first_position"] == n - d - s
+    assert fixed["acc_copy"] == 1.0 and fixed["gain"] > 5  # the copy is found at the end
+    # the default window is d + s, and window_len = d + s gives the same records
+    model = models["rope"]
+    default = retrieval_test(model, heldout, [8, 24], segment_len=4, n_trials=4)
+    same = retrieval_test(model, heldout, [8], segment_len=4, n_trials=4, window_len=12)
+    assert default[0] == same[0] and default[0]["first_position"] == 0
+    with pytest.raises(ValueError, match="window_len"):
+        retrieval_test(model, heldout, [8, 24], segment_len=4, window_len=20)
+
+
 def test_retrieval_test_deterministic_and_limits(models, ids):
     model = models["rope"]
     a = retrieval_test(model, ids[1], [8, 24], segment_len=4, n_trials=4)

@@ -67,6 +67,7 @@ def retrieval_test(
     batch_tokens: int = 8192,
     seed: int = 0,
     encoding_name: str | None = None,
+    window_len: int | None = None,
 ) -> list[dict]:
     """Can the model copy a segment it saw ``d`` tokens earlier? A copy test past ``L``.
 
@@ -78,7 +79,12 @@ def retrieval_test(
     * **control**: ``B + filler + A``: the same tokens at the same positions, nothing to copy.
 
     The scored targets are the last ``s - 1`` tokens of the second ``A`` (its first token
-    cannot be known to start a copy). A model that retrieves from ``d`` tokens back
+    cannot be known to start a copy). With the default ``window_len=None`` the window is
+    ``d + s`` tokens, so the scored tokens sit at positions ``d + 1 .. d + s - 1``: a longer
+    distance is also a later position. A fixed ``window_len`` (``>= max(distances) + s``)
+    puts ``window_len - d - s`` filler tokens in front of the first segment, so that the
+    scored tokens sit at the end of the window at every distance: the distance changes,
+    the positions do not. A model that retrieves from ``d`` tokens back
     predicts them far better in the copy window (``nll_copy`` near 0) than in the control
     window, whose loss is the ordinary language-model loss: ``gain = nll_control -
     nll_copy`` (nats per token) measures retrieval, with position effects cancelled.
@@ -96,10 +102,12 @@ def retrieval_test(
         batch_tokens: tokens per forward pass.
         seed: seed (int >= 0) of the chunk positions.
         encoding_name: name written in the records (default: the encoding's ``name``).
+        window_len: the length of every window (default ``d + s``, see above).
 
     Returns:
         A list with one record (dict) per distance, with the keys ``encoding``,
-        ``distance``, ``window_len``, ``segment_len``, ``n_trials``, ``nll_copy``,
+        ``distance``, ``window_len``, ``first_position`` (of the first segment),
+        ``segment_len``, ``n_trials``, ``nll_copy``,
         ``nll_control``, ``gain``, ``acc_copy``, ``acc_control`` (top-1 accuracy of the
         scored tokens; floats) and ``note``.
         Where the encoding cannot represent the window (its ``max_positions``, see
@@ -122,8 +130,13 @@ def retrieval_test(
     check_positive_int("n_trials", n_trials)
     check_positive_int("batch_tokens", batch_tokens)
     check_nonneg_int("seed", seed)
+    if window_len is not None:
+        check_positive_int("window_len", window_len)
+        if window_len < max(distances) + s:
+            raise ValueError(f"window_len must be >= max(distances) + segment_len "
+                             f"({max(distances) + s}), got {window_len}")
     n = heldout_ids.numel()
-    if n <= max(distances) + 2 * s:
+    if n <= max(window_len or 0, max(distances) + s) + s:
         raise ValueError(
             f"heldout_ids has {n} tokens; the longest test needs more than "
             f"{max(distances) + 2 * s}"
@@ -137,8 +150,10 @@ def retrieval_test(
     records = []
     try:
         for d in distances:
-            window = d + s
-            record = {"encoding": name, "distance": d, "window_len": window, "segment_len": s,
+            window = d + s if window_len is None else window_len
+            p = window - d - s  # filler in front of the first segment
+            record = {"encoding": name, "distance": d, "window_len": window,
+                      "first_position": p, "segment_len": s,
                       "n_trials": n_trials, "nll_copy": None, "nll_control": None,
                       "gain": None, "acc_copy": None, "acc_control": None, "note": ""}
             # chunk starts are drawn for every distance, so the draws do not depend on
@@ -153,16 +168,17 @@ def retrieval_test(
             seg_a = heldout_ids[starts[:, 1:2] + torch.arange(s)]
             seg_b = heldout_ids[starts[:, 2:3] + torch.arange(s)]
             copy = base.clone()
-            copy[:, :s], copy[:, d:] = seg_a, seg_a
+            copy[:, p : p + s], copy[:, p + d :] = seg_a, seg_a
             control = copy.clone()
-            control[:, :s] = seg_b
+            control[:, p : p + s] = seg_b
             x_all = torch.cat([copy, control]).long()
             rows = max(1, batch_tokens // window)
             nll, hit = [], []
             for i in range(0, x_all.shape[0], rows):
                 xb = x_all[i : i + rows].to(device)
-                logits = model(xb[:, :-1])[:, d:].float()  # predict tokens d+1 .. d+s-1
-                target = xb[:, d + 1 :]
+                # predict the tokens p+d+1 .. p+d+s-1 (the second A after its first token)
+                logits = model(xb[:, :-1])[:, p + d :].float()
+                target = xb[:, p + d + 1 :]
                 nll.append(F.cross_entropy(logits.transpose(1, 2), target, reduction="none")
                            .double().cpu())
                 hit.append((logits.argmax(-1) == target).double().cpu())
