@@ -129,3 +129,12 @@ def test_the_probe_names_a_float32_mask_with_float64_q():
     assert report.problems == ["call 1: a torch.float32 mask with torch.float64 q "
                                "(documented: bool or q's dtype)"]
     assert torch.nn.functional.scaled_dot_product_attention.__name__ != "recording"
+
+
+def test_the_probe_keeps_each_mask_as_the_kernel_received_it():
+    q = torch.randn(1, 2, 4, 8, dtype=torch.bfloat16)
+    bias = torch.randn(1, 2, 4, 4).bfloat16()
+    with record_sdpa_masks() as report:
+        torch.nn.functional.scaled_dot_product_attention(q, q, q, attn_mask=bias)
+        torch.nn.functional.scaled_dot_product_attention(q, q, q, is_causal=True)
+    assert report.masks[0] is bias and report.masks[1] is None

@@ -26,10 +26,13 @@ class SdpaMaskReport(Report):
 
     Attributes:
         calls: one ``(q dtype, mask dtype or None, mask shape or None)`` per call.
+        masks: the mask of each call as the kernel received it (None where there was none),
+            so that what a 16-bit call was handed can be read back (chapter 9, bug 10).
         problems: the calls whose float mask has another dtype than q, in words.
     """
 
     calls: list = field(default_factory=list)
+    masks: list = field(default_factory=list)
     problems: list = field(default_factory=list)
 
     def _lines(self):
@@ -44,9 +47,9 @@ class SdpaMaskReport(Report):
 def record_sdpa_masks():
     """Within the ``with`` block, record every ``F.scaled_dot_product_attention`` call.
 
-    Yields an :class:`SdpaMaskReport` that fills in as calls are made; a float mask whose
-    dtype is not q's is a problem. Catches code that calls the function through
-    ``torch.nn.functional`` (``F.scaled_dot_product_attention``), not a name imported
+    Yields an :class:`SdpaMaskReport` that fills in as calls are made (each call's dtypes and
+    its mask, as handed over); a float mask whose dtype is not q's is a problem. Catches code
+    that calls the function through ``torch.nn.functional`` (``F.scaled_dot_product_attention``), not a name imported
     from it before the block. The calls still run, unchanged.
     """
     report = SdpaMaskReport()
@@ -56,6 +59,7 @@ def record_sdpa_masks():
         dtype = None if attn_mask is None else attn_mask.dtype
         report.calls.append((query.dtype, dtype,
                              None if attn_mask is None else tuple(attn_mask.shape)))
+        report.masks.append(attn_mask)
         if dtype is not None and dtype not in (torch.bool, query.dtype):
             report.problems.append(f"call {len(report.calls)}: a {dtype} mask with "
                                    f"{query.dtype} q (documented: bool or q's dtype)")
