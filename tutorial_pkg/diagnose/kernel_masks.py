@@ -49,8 +49,9 @@ def record_sdpa_masks():
 
     Yields an :class:`SdpaMaskReport` that fills in as calls are made (each call's dtypes and
     its mask, as handed over); a float mask whose dtype is not q's is a problem. Catches code
-    that calls the function through ``torch.nn.functional`` (``F.scaled_dot_product_attention``), not a name imported
-    from it before the block. The calls still run, unchanged.
+    that calls the function through ``torch.nn.functional``
+    (``F.scaled_dot_product_attention``), not a name imported from it before the block. The
+    calls still run, unchanged.
     """
     report = SdpaMaskReport()
     real = F.scaled_dot_product_attention
