@@ -602,8 +602,8 @@ def merge(paths, out):
     if "claims" in first:
         if stored.get("claims") != first["claims"] or stored.get("status") != "running":
             raise SystemExit(f"cannot merge: {out} does not hold the parts' family, running")
-        started = min(part["started"] for part in parts)
-        if not stored["claims_written"] < started:
+        started = min((part["started"] for part in parts), key=datetime.fromisoformat)
+        if not datetime.fromisoformat(stored["claims_written"]) < datetime.fromisoformat(started):
             raise SystemExit("cannot merge: a part started before the family was written")
     for part in parts[1:]:
         for key in ("config", "encodings", "copy_encodings", "rope_scalings", "claims"):
@@ -688,7 +688,7 @@ def main(argv=None):
                                "before any model was trained",
                 "commit": commit(), "claims": family(args),
                 "alpha": CH7_ALPHA, "test": CH7_TEST, "pilot": CH7_PILOT,
-                "claims_written": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+                "claims_written": datetime.now(timezone.utc).isoformat(timespec="microseconds"),
                 "status": "running"}, indent=1) + "\n")
             print(f"wrote the family into {args.out}")
             return
@@ -710,7 +710,7 @@ def main(argv=None):
 
     if not args.skip_extrapolation:
         t0, c0 = time.perf_counter(), time.process_time()
-        started = datetime.now(timezone.utc).isoformat(timespec="seconds")
+        started = datetime.now(timezone.utc).isoformat(timespec="microseconds")
         prereg = {"claims": family(args), "alpha": CH7_ALPHA,
                   "test": CH7_TEST, "pilot": CH7_PILOT, "started": started,
                   "trial_seed_base": TRIAL_SEED_BASE,
