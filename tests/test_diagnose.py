@@ -96,6 +96,18 @@ def test_probe_alibi_slopes(n_heads):
     r = dg.probe_alibi(lambda L: tp.alibi_bias(pow2_slopes(n_heads), L), n_heads, seq_len=64)
     assert r.ok == (n_heads == 8), str(r)
     assert r.first_rounded_distance is None
+    if not r.ok:
+        assert "powers of two" in r.problems[0]
+
+
+@pytest.mark.parametrize("n_heads", [4, 6])
+def test_probe_alibi_names_a_bias_scaled_in_every_head(n_heads):
+    """Every slope off by one factor (a bias added twice, as transformers' eager Falcon path
+    does, chapter 9's bug 18) is named as a scaled bias, not as a power-of-two formula."""
+    r = dg.probe_alibi(lambda L: 2 * tp.alibi_bias(tp.alibi_slopes(n_heads), L), n_heads,
+                       seq_len=64)
+    assert not r.ok and r.wrong_heads == list(range(1, n_heads + 1))
+    assert "2 times Press et al.'s" in r.problems[0] and "added 2 times" in r.problems[0]
 
 
 def test_probe_alibi_half_precision_bias():

@@ -357,7 +357,12 @@ def probe_alibi(bias, n_heads: int, *, seq_len: int = 1024, tol: float = 0.05) -
         first = first_true(dev > tol)
     wrong = [h + 1 for h in range(n_heads) if abs(slopes[h] / ref[h] - 1) > 1e-2]
     problems = []
-    if wrong:
+    ratio = slopes / ref
+    if wrong and float(ratio.max() - ratio.min()) <= 1e-2 * float(ratio.abs().max()):
+        k = float(ratio.mean())  # every head off by one factor: the bias scaled, not the slopes
+        problems.append(f"slopes of heads {wrong} are {k:.3g} times Press et al.'s get_slopes, "
+                        f"every head alike (the bias scaled by {k:.3g}, or added {k:.3g} times?)")
+    elif wrong:
         problems.append(f"slopes of heads {wrong} differ from Press et al.'s get_slopes "
                         f"(a formula for powers of two only?)")
     if first is not None:
