@@ -158,6 +158,30 @@ def test_flex_falls_back_to_sdpa_itself_with_a_warning():
     assert q.grad is not None
 
 
+@pytest.mark.skipif(not backends.flex_available()[0], reason="FlexAttention unavailable")
+@pytest.mark.parametrize("kind", ["sinks", "softcap"])
+def test_flex_with_sinks_or_softcap_on_cpu_from_one_tile_falls_back_to_naive(kind):
+    """torch 2.13's compiled CPU FlexAttention refuses ``return_lse`` (sinks) and fails to
+    build a soft-capped score_mod: from one tile (128 tokens) on, where the package
+    compiles, the layer must warn and compute the naive backend, not raise."""
+    torch.manual_seed(0)
+    kw = {"sinks": True} if kind == "sinks" else {"softcap": 2.0}
+    flex = MultiHeadAttention(32, 4, tp.ALiBi(4), backend="flex", **kw)
+    ref = MultiHeadAttention(32, 4, tp.ALiBi(4), backend="naive", **kw)
+    with torch.no_grad():
+        if flex.sinks is not None:
+            flex.sinks.copy_(torch.linspace(-1.0, 1.0, 4))
+    ref.load_state_dict(flex.state_dict())
+    x = torch.randn(1, backends.FLEX_TILE, 32)
+    with torch.no_grad(), warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        got = flex(x)
+    messages = [str(w.message) for w in caught if w.category is RuntimeWarning]
+    assert len(messages) == 1 and messages[0].startswith("flex backend falls back to naive")
+    with torch.no_grad():
+        torch.testing.assert_close(got, ref(x))
+
+
 def test_assume_kernels_switches_a_rule_for_a_block_and_restores_it():
     cpu = backends.kernel_rules("cpu")
     assert cpu.key_bias is None
@@ -300,6 +324,7 @@ def test_a_sink_takes_its_share_and_a_cap_bounds_the_scores():
 
 
 @pytest.mark.parametrize("backend", ["naive", "flex"])
+@pytest.mark.filterwarnings("ignore:flex backend falls back to naive: single-token")
 def test_softcap_and_sinks_decode_through_the_kv_cache_as_one_pass(backend):
     q, k, v, _ = _shaped_case(seed=2, b=1)
     h, d = q.shape[1], q.shape[-1]

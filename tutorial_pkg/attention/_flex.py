@@ -38,8 +38,12 @@ def flex_available() -> tuple[bool, str]:
 
 
 def flex_blocker(q, k, v, plan: AttentionPlan, encoding: PositionEncoding, *,
-                 dropout_p: float) -> str:
-    """Why FlexAttention cannot run this call here (``""`` if it can)."""
+                 dropout_p: float, compiled: bool = False) -> str:
+    """Why FlexAttention cannot run this call here (``""`` if it can).
+
+    ``compiled``: the call would run compiled (not eagerly). torch 2.13's compiled CPU
+    kernel refuses ``return_lse`` (which sinks need) and fails to build a soft-capped
+    ``score_mod``, so those calls are blocked there."""
     ok, why = flex_available()
     if not ok:
         return why
@@ -60,6 +64,9 @@ def flex_blocker(q, k, v, plan: AttentionPlan, encoding: PositionEncoding, *,
         if q.requires_grad or k.requires_grad or v.requires_grad or learnable:
             return (f"FlexAttention has no {q.device.type.upper()} backward in this torch "
                     f"(use torch.no_grad())")
+    if compiled and q.device.type == "cpu" and plan.shapes_scores:
+        return ("sinks or soft-capping with the compiled CPU kernel (torch 2.13 supports "
+                "neither return_lse nor a capped score_mod there)")
     return ""
 
 

@@ -24,10 +24,12 @@ tolerance (tested for every encoding). ``compile`` matters to ``"flex"`` only.
   (:func:`~tutorial_pkg.attention._flex.flex_block_mask`); nothing ``L x L`` is built.
   Where it cannot run (:func:`~tutorial_pkg.attention._flex.flex_blocker` says why) it
   warns (``RuntimeWarning``, "flex backend falls back to sdpa: ...") and computes
-  ``"sdpa"``.
+  ``"sdpa"`` (``"naive"``, "falls back to naive", for a call with soft-capping or sinks).
 * Soft-capping and sinks (the plan's ``softcap``, ``sinks``): exact in ``"naive"`` and
   ``"flex"`` (a ``score_mod``; the output rescaled by ``sigmoid(lse - sink)``); ``"sdpa"``
-  warns and computes ``"naive"``, ``"auto"`` computes ``"naive"``.
+  warns and computes ``"naive"``, ``"auto"`` computes ``"naive"``. On CPU, ``"flex"``
+  runs them eagerly below one tile and warns and computes ``"naive"`` from one tile on
+  (torch 2.13's compiled CPU kernel supports neither).
 * ``"auto"``: the default. Without a bias, the plain dispatch (``is_causal=True`` for a
   whole causal sequence). With a key-only form of the bias
   (:meth:`~tutorial_pkg.encodings.builtin.PositionEncoding.key_bias`: causal ALiBi and the
@@ -265,14 +267,21 @@ def flex(q, k, v, plan: AttentionPlan, encoding: PositionEncoding, *, dropout_p:
     Falls back to :func:`sdpa`, with a ``RuntimeWarning`` saying why, where
     :func:`~tutorial_pkg.attention._flex.flex_blocker` names a reason (no FlexAttention,
     inputs that require grad on CPU, dropout, a single-token step, a bias without
-    ``score_mod``). A ``score_mod`` captures the encoding's tensors as they are, so every
-    tensor of the encoding must live on q's device (``ValueError`` naming both devices
+    ``score_mod``, sinks or soft-capping in a compiled CPU call); to :func:`naive` instead
+    where the call has sinks or soft-capping, which SDPA cannot compute. A ``score_mod``
+    captures the encoding's tensors as they are, so every tensor of the encoding must live
+    on q's device (``ValueError`` naming both devices
     otherwise). On CPU, calls shorter than
     :data:`~tutorial_pkg.attention._flex.FLEX_TILE` run eagerly (torch 2.13: the compiled
     CPU kernel is wrong there on AVX2 CPUs); ``compile=False`` runs every call eagerly.
     """
-    reason = flex_blocker(q, k, v, plan, encoding, dropout_p=dropout_p)
+    eager = not compile or (q.device.type == "cpu" and min(plan.s, plan.k_len) < FLEX_TILE)
+    reason = flex_blocker(q, k, v, plan, encoding, dropout_p=dropout_p, compiled=not eager)
     if reason:
+        if plan.shapes_scores:  # sdpa cannot cap or sink: the exact fallback is naive
+            warnings.warn(f"flex backend falls back to naive: {reason}", RuntimeWarning,
+                          stacklevel=3)
+            return naive(q, k, v, plan, encoding, dropout_p=dropout_p)
         warnings.warn(f"flex backend falls back to sdpa: {reason}", RuntimeWarning,
                       stacklevel=3)
         return sdpa(q, k, v, plan, encoding, dropout_p=dropout_p)
@@ -296,7 +305,6 @@ def flex(q, k, v, plan: AttentionPlan, encoding: PositionEncoding, *, dropout_p:
     plain = (plan.default_positions and plan.causal and plan.start == 0
              and plan.key_padding_mask is None and not plan.reads_data
              and not plan.windowed)
-    eager = not compile or (q.device.type == "cpu" and min(plan.s, plan.k_len) < FLEX_TILE)
     block_mask = flex_block_mask(plan, batch=batch, device=q.device,
                                  mark_dynamic=plain and not eager)
     sinks = plan.sinks is not None
