@@ -324,7 +324,7 @@ def test_a_sink_takes_its_share_and_a_cap_bounds_the_scores():
 
 
 @pytest.mark.parametrize("backend", ["naive", "flex"])
-@pytest.mark.filterwarnings("ignore:flex backend falls back to naive: single-token")
+@pytest.mark.filterwarnings("ignore:flex backend falls back to naive. single-token")
 def test_softcap_and_sinks_decode_through_the_kv_cache_as_one_pass(backend):
     q, k, v, _ = _shaped_case(seed=2, b=1)
     h, d = q.shape[1], q.shape[-1]
