@@ -109,8 +109,11 @@ def test_module_cache_grows_on_demand_and_is_not_saved():
     pe(x)
     first = pe.table.shape[0]
     assert first >= 3
-    out = pe(x, offset=5000)  # far past the cached rows: the table grows
-    assert pe.table.shape[0] >= 5003
+    pe(torch.zeros(1, 100, 4))  # a contiguous extension: the table grows
+    assert pe.table.shape[0] >= 100
+    grown = pe.table.shape[0]
+    out = pe(x, offset=5000)  # far past the cached rows: computed directly, no growth
+    assert pe.table.shape[0] == grown
     torch.testing.assert_close(out[0], sinusoidal_table(torch.arange(5000, 5003), 4))
     assert len(pe.state_dict()) == 0
 
@@ -134,3 +137,59 @@ def test_scale_multiplies_the_table_and_one_is_the_formula():
     for bad in (0.0, -1.0, float("nan")):
         with pytest.raises(ValueError, match="scale"):
             SinusoidalPositionalEmbedding(8, scale=bad)
+
+
+def test_far_offset_computes_only_the_requested_rows():
+    # 4 tokens at position 100000 must not build a (100004, d) table (the old cache did)
+    pe = SinusoidalPositionalEmbedding(64)
+    out = pe(torch.zeros(1, 4, 64), offset=100_000)
+    assert pe.table.shape[0] <= 64
+    assert torch.equal(out[0], sinusoidal_table(torch.arange(100_000, 100_004), 64))
+    pe(torch.zeros(1, 8, 64))  # a short call afterwards: the cache grows as usual
+    assert pe.table.shape == (64, 64)
+    jump = torch.tensor([[0, 1, 2, 50_000]])  # a jump inside one call: rows computed directly
+    torch.testing.assert_close(pe(torch.zeros(1, 4, 64), jump)[0],
+                               sinusoidal_table(jump[0], 64), rtol=0, atol=1e-7)
+    assert pe.table.shape == (64, 64)
+
+
+def test_cache_grows_contiguously_and_stops_at_its_cap():
+    pe = SinusoidalPositionalEmbedding(8, max_cached=256)
+    for start in range(0, 300):  # token-by-token decoding from 0
+        out = pe(torch.zeros(1, 1, 8), offset=start)
+        torch.testing.assert_close(out[0], sinusoidal_table(torch.tensor([start]), 8),
+                                   rtol=0, atol=1e-7)
+    assert pe.table.shape[0] == 256  # doubled 64 -> 128 -> 256, then the cap
+    assert SinusoidalPositionalEmbedding(4096).max_cached * 4096 == 2**24  # 64 MiB of float32
+    train = SinusoidalPositionalEmbedding(8)
+    train(torch.zeros(2, 3000, 8))  # a training length, from an empty cache: cached at once
+    assert train.table.shape[0] == 3000
+    with pytest.raises(ValueError, match="max_cached"):
+        SinusoidalPositionalEmbedding(8, max_cached=0)
+
+
+class _OldModule(torch.nn.Module):
+    # the module before the cap: grows its table to any position asked for
+    def __init__(self, dim):
+        super().__init__()
+        self.dim, self.table = dim, torch.empty(0, dim)
+
+    def forward(self, x, positions):
+        if self.table.shape[0] < int(positions.max()) + 1:
+            size = max(int(positions.max()) + 1, 2 * self.table.shape[0], 64)
+            self.table = sinusoidal_table(size, self.dim)
+        return x + self.table[positions]
+
+
+def test_rows_inside_the_cache_are_bit_identical_to_the_old_cache():
+    new, old = SinusoidalPositionalEmbedding(32), _OldModule(32)
+    x = torch.randn(2, 40, 32, generator=torch.Generator().manual_seed(0))
+    calls = [torch.arange(40), torch.arange(30, 70), torch.arange(100, 140),
+             torch.arange(200, 240).flip(0), torch.arange(1000, 1040)]
+    for positions in calls[:-1]:  # inside the cache (which grows contiguously): bit for bit
+        assert torch.equal(new(x, positions), old(x, positions))
+        assert torch.equal(new.table, old.table)  # the same rows, built the same way
+    held = new.table.shape[0]
+    far = calls[-1]  # far past it: the old table grew to 1040 rows, the new one does not
+    torch.testing.assert_close(new(x, far), old(x, far), rtol=0, atol=1e-6)
+    assert new.table.shape[0] == held < old.table.shape[0] == 1040

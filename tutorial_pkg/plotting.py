@@ -210,14 +210,16 @@ def slider_figure(
     title: str = "",
     digits: int = 4,
     logx: bool = False,
+    fallback: str | None = None,
 ) -> str:
     """An interactive figure for the rendered book: curves over ``x`` and a slider that
     steps through ``frames``. Returns HTML to display (``IPython.display.HTML``).
 
     The page draws it with ``book/_static/slider-figure.js`` (bundled with the book: no
-    network); without JavaScript the HTML shows one line saying so, and the chapter keeps a
-    static figure. Values are rounded to ``digits`` decimals, so the stored HTML does not
-    depend on the CPU's last bits.
+    network); where that script does not run (no JavaScript, or a notebook, which does not
+    load it) the HTML shows one line, ``fallback``, and the chapter keeps a static figure.
+    Values are rounded to ``digits`` decimals, so the stored HTML does not depend on the
+    CPU's last bits.
 
     Args:
         name: the figure's id on its page (letters, digits, ``-``).
@@ -226,6 +228,9 @@ def slider_figure(
             every frame, in the order the slider steps through them.
         slider: what the slider sets (shown beside it).
         logx: a logarithmic x axis (``x > 0``).
+        fallback: the line shown where the book's script does not run (in Jupyter or Colab,
+            which do not load it, as much as in a browser without JavaScript); default: a
+            line saying the figure needs JavaScript. Plain text (escaped).
 
     Raises:
         ValueError: for a bad ``name``, no frames, curves that differ between frames, or
@@ -251,7 +256,9 @@ def slider_figure(
         raise ValueError("logx needs x > 0")
     spec = {"x": xs, "labels": labels, "frames": data, "slider": slider, "xlabel": xlabel,
             "ylabel": ylabel, "title": title, "logx": logx}
+    if fallback is None:
+        fallback = ("(An interactive figure: it needs JavaScript. The static figure beside it "
+                    "shows the same curves.)")
     return (f'<div class="pe-slider-figure" id="{name}" '
             f'data-figure="{html.escape(json.dumps(spec, separators=(",", ":")))}">'
-            "<p>(An interactive figure: it needs JavaScript. The static figure beside it "
-            "shows the same curves.)</p></div>")
+            f"<p>{html.escape(fallback)}</p></div>")

@@ -21,6 +21,7 @@ from .._checks import (
     check_float_tensor,
     check_nonneg_int,
     check_positive_float,
+    check_positive_int,
     values_readable,
 )
 
@@ -80,29 +81,49 @@ def _rows(positions: torch.Tensor, dim: int, base: float) -> torch.Tensor:
 class SinusoidalPositionalEmbedding(nn.Module):
     """Adds ``PE(position)`` to token embeddings. Parameter-free.
 
-    The table is cached (not saved in ``state_dict``) and grows on demand, so any
-    position works; decoding passes the positions (or a start offset) of the new
-    tokens. Sizing the table reads the largest position back, which is free for CPU
-    positions only; positions on a GPU (or meta/fake tensors) get their rows computed
-    directly instead (the same float64 formula, no synchronisation).
+    Rows ``0..n-1`` are cached (not saved in ``state_dict``), and any position works;
+    decoding passes the positions (or a start offset) of the new tokens. The cache grows
+    only contiguously: when the rows it lacks are no more than it holds, or than the
+    tokens of the call (a training length, a prompt, the next decoding step), it doubles,
+    as before, up to ``max_cached`` rows. Positions beyond that (a far offset, a jump)
+    get their rows computed directly, for the requested positions only, with the same
+    float64 formula: serving 4 tokens at position 100000 costs 4 rows, not a
+    ``(100004, dim)`` table. Sizing the cache reads the largest position back, which is
+    free for CPU positions only; positions on a GPU (or meta/fake tensors) always get
+    their rows computed directly (no synchronisation).
 
     Args:
         dim: model dimension ``d`` (even).
         base: wavelength base.
         scale: factor of the table (``1``: Vaswani et al.'s values, RMS ``1/sqrt(2)``, which
             next to embeddings initialised with std 0.02 is about 35 times theirs).
+        max_cached: most rows the cache may hold; default ``max(64, 2**24 // dim)`` (64 MiB
+            of float32 at any width, built through float64 temporaries a few times larger).
     """
 
-    def __init__(self, dim: int, base: float = 10000.0, scale: float = 1.0) -> None:
+    def __init__(
+        self, dim: int, base: float = 10000.0, scale: float = 1.0, *, max_cached: int | None = None
+    ) -> None:
         super().__init__()
         self.dim = check_even("dim", dim)
         self.base = check_positive_float("base", base)
         self.scale = check_positive_float("scale", scale)
+        self.max_cached = (max(64, 2**24 // dim) if max_cached is None
+                           else check_positive_int("max_cached", max_cached))
         self.register_buffer("table", torch.empty(0, dim), persistent=False)
 
+    def _cached_rows(self, device) -> int:
+        return self.table.shape[0] if self.table.device == torch.device(device) else 0
+
+    def _cacheable(self, n: int, tokens: int, device) -> bool:
+        """Whether rows ``0..n-1`` may come from the cache: held already, or a contiguous
+        extension (no more new rows than held, than the call's tokens, or 64) under the cap."""
+        held = self._cached_rows(device)
+        return n <= held or (n <= self.max_cached and n - held <= max(held, tokens, 64))
+
     def _grow(self, n: int, device) -> None:
-        if self.table.shape[0] < n or self.table.device != torch.device(device):
-            size = max(n, 2 * self.table.shape[0], 64)
+        if self._cached_rows(device) < n or self.table.device != torch.device(device):
+            size = min(max(n, 2 * self.table.shape[0], 64), self.max_cached)  # as before, capped
             self.table = sinusoidal_table(size, self.dim, self.base, device=device)
 
     def forward(self, x: torch.Tensor, positions=None, *, offset: int = 0) -> torch.Tensor:
@@ -124,11 +145,14 @@ class SinusoidalPositionalEmbedding(nn.Module):
             check_nonneg_int("offset", offset)
             positions = torch.arange(offset, offset + x.shape[1], device=x.device)
         positions = as_batched_positions("positions", positions, x.shape[0], x.shape[1])
-        if not values_readable(positions):  # no read back: the rows of these positions
-            rows = _rows(positions.to(x.device), self.dim, self.base).float()  # as the table
-        else:
-            self._grow(int(positions.max()) + 1 if positions.numel() else 0, x.device)
+        n = None  # rows 0..n-1 cover the positions; read back only where that is free (CPU)
+        if values_readable(positions):
+            n = int(positions.max()) + 1 if positions.numel() else 0
+        if n is not None and self._cacheable(n, x.shape[1], x.device):
+            self._grow(n, x.device)
             rows = self.table[positions.to(x.device)]
+        else:  # the rows of these positions only, as the table computes them
+            rows = _rows(positions.to(x.device), self.dim, self.base).float()
         if self.scale != 1.0:  # skipped at 1: the default stays bit for bit the formula
             rows = rows * self.scale
         return x + rows.to(x.dtype)
