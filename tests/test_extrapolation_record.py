@@ -53,3 +53,46 @@ def test_the_family_is_stored_before_training_and_decided_at_the_merge(tmp_path,
         seeds.main([*common, "--merge", str(part), "--out", str(tmp_path / "none.json")])
     with pytest.raises(ValueError):  # one seed: no interval (needs two)
         seeds.main([*common, "--merge", str(part), "--out", str(claims)])
+
+
+def test_the_records_chapter_1_reads_are_consistent():
+    """Chapter 1 reads the pilot and the pre-registered record side by side: the same setup on
+    disjoint seeds, the family stored before training, the two claims it quotes stored as the
+    comparisons it describes, and their decided means the chapter's own per-seed rises."""
+    from datetime import datetime
+    from pathlib import Path
+    from statistics import fmean
+
+    data = Path(__file__).resolve().parents[1] / "book" / "data"
+    pilot = json.loads((data / "extrapolation_results.json").read_text())
+    pre = json.loads((data / "extrapolation_preregistered.json").read_text())
+    assert pre["config"] == pilot["config"]
+    assert not set(pre["seeds"]) & set(pilot["seeds"])
+    written = datetime.fromisoformat(pre["claims_written"])
+    assert written < datetime.fromisoformat(pre["started"])
+
+    def per_seed(rec, encoding, ratio):
+        rows = sorted((r for r in rec["fixed_targets"] if r["encoding"] == encoding
+                       and r["ratio"] == ratio and r["scaling"] == "none"),
+                      key=lambda r: r["seed"])
+        assert [r["seed"] for r in rows] == sorted(rec["seeds"])  # one row per seed
+        return [r["nll"] for r in rows]
+
+    for rec in (pilot, pre):
+        for encoding in ("sinusoidal_scaled", "nope"):
+            for ratio in (1, 2, 4, 8):
+                per_seed(rec, encoding, ratio)
+
+    claims = {c["claim"]: c for c in pre["claims"]}
+    decided = {c["claim"]: c for c in pre["decided"]}
+    for name, encoding, ratio in (("scaled sinusoidal: 2L worse than L", "sinusoidal_scaled", 2),
+                                  ("NoPE: 8L worse than L", "nope", 8)):
+        a, b = claims[name]["a"], claims[name]["b"]
+        assert (a["encoding"], a["ratio"], b["encoding"], b["ratio"]) == (
+            encoding, ratio, encoding, 1)
+        assert a["measure"] == b["measure"] == "fixed_targets"
+        assert a["field"] == b["field"] == "nll" and a["scaling"] == b["scaling"] == "none"
+        assert claims[name]["test"] == "greater"
+        rises = [hi - lo for hi, lo in zip(per_seed(pre, encoding, ratio),
+                                           per_seed(pre, encoding, 1), strict=True)]
+        assert abs(decided[name]["mean"] - fmean(rises)) < 1e-9

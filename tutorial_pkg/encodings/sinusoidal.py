@@ -6,7 +6,9 @@
     \\quad \\omega_i = \\text{base}^{-2i/d}.
 
 The table is computed in float64 from the positions and cast once, so that
-large positions keep their accuracy; even ``dim`` only (sin/cos come in pairs).
+large positions keep their accuracy and a half-precision model never forms the angles
+in bfloat16 or float16 (in bfloat16, neighbouring positions above 256 would share a
+row); even ``dim`` only (sin/cos come in pairs).
 """
 
 from __future__ import annotations
@@ -81,24 +83,28 @@ def _rows(positions: torch.Tensor, dim: int, base: float) -> torch.Tensor:
 class SinusoidalPositionalEmbedding(nn.Module):
     """Adds ``PE(position)`` to token embeddings. Parameter-free.
 
-    Rows ``0..n-1`` are cached (not saved in ``state_dict``), and any position works;
-    decoding passes the positions (or a start offset) of the new tokens. The cache grows
-    only contiguously: when the rows it lacks are no more than it holds, or than the
-    tokens of the call (a training length, a prompt, the next decoding step), it doubles,
-    as before, up to ``max_cached`` rows. Positions beyond that (a far offset, a jump)
-    get their rows computed directly, for the requested positions only, with the same
-    float64 formula: serving 4 tokens at position 100000 costs 4 rows, not a
-    ``(100004, dim)`` table. Sizing the cache reads the largest position back, which is
-    free for CPU positions only; positions on a GPU (or meta/fake tensors) always get
-    their rows computed directly (no synchronisation).
+    Any position works; decoding passes the positions (or a start offset) of the new
+    tokens. Every row is :func:`sinusoidal_table`'s (float64 angles, cast at the end), times
+    ``scale``.
+
+    Cache policy: rows ``0..n-1`` are cached (a buffer not saved in ``state_dict``) and the
+    cache grows only contiguously. When the rows it lacks are no more than it holds, or
+    than the tokens of the call (a training length, a prompt, the next decoding step), or
+    than 64, it doubles (at least to the rows asked for), up to ``max_cached`` rows. The
+    rows of positions beyond that (a far offset, a jump) are computed directly, for the
+    requested positions only, and not kept: serving 4 tokens at position 100000 costs 4
+    rows, not a ``(100004, dim)`` table. Sizing the cache reads the largest position back,
+    which is free for CPU positions only; positions on a GPU (or meta/fake tensors) always
+    get their rows computed directly, with no synchronisation.
 
     Args:
         dim: model dimension ``d`` (even).
         base: wavelength base.
         scale: factor of the table (``1``: Vaswani et al.'s values, RMS ``1/sqrt(2)``, which
             next to embeddings initialised with std 0.02 is about 35 times theirs).
-        max_cached: most rows the cache may hold; default ``max(64, 2**24 // dim)`` (64 MiB
-            of float32 at any width, built through float64 temporaries a few times larger).
+        max_cached: most rows the cache may hold; default ``max(64, 2**24 // dim)``, that is
+            ``2**24`` numbers, 64 MiB of float32 at any width (built through float64
+            temporaries a few times larger).
     """
 
     def __init__(
@@ -123,7 +129,7 @@ class SinusoidalPositionalEmbedding(nn.Module):
 
     def _grow(self, n: int, device) -> None:
         if self._cached_rows(device) < n or self.table.device != torch.device(device):
-            size = min(max(n, 2 * self.table.shape[0], 64), self.max_cached)  # as before, capped
+            size = min(max(n, 2 * self.table.shape[0], 64), self.max_cached)  # doubling, capped
             self.table = sinusoidal_table(size, self.dim, self.base, device=device)
 
     def forward(self, x: torch.Tensor, positions=None, *, offset: int = 0) -> torch.Tensor:
