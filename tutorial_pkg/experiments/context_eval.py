@@ -99,8 +99,11 @@ def evaluate_fixed_targets(
     For each of ``n_blocks`` target blocks of ``T = target_len`` tokens (default
     ``train_len // 4``, at least 1), the model reads a window of ``N`` tokens ending with
     the block (:func:`fixed_target_windows`) and only the last ``T`` predictions are scored.
-    A change of perplexity with ``N`` is then a change of context alone. Runs in
-    ``model.eval()`` (the previous mode is restored).
+    The scored tokens are the same at every ``N``; their positions are not: every window
+    starts at position 0, so the targets sit at positions ``N - T`` to ``N - 1``. A change
+    of perplexity with ``N`` is therefore a change of the context before the targets *and*
+    of the positions they are predicted at (for a relative encoding, of the largest
+    query-key distance). Runs in ``model.eval()`` (the previous mode is restored).
 
     Args:
         model, heldout_ids, train_len, multiples, scaling, batch_tokens, amp, encoding_name:
