@@ -78,9 +78,9 @@ def test_slider_figure_stores_rounded_frames_and_refuses_ragged_ones():
     assert [f["value"] for f in spec["frames"]] == ["a", "b"]
     assert spec["frames"][0]["ys"] == [[0.123, 1, 2]]
     assert spec["frames"][1]["ys"] == [[3, 4, 5.556]]
-    assert 'id="fig-1"' in out and "needs JavaScript" in out
+    assert 'id="fig-1"' in out and "only this line shows" in out and "static figure" not in out
     own = plotting.slider_figure("fig-2", x, frames, slider="p", fallback="a <b> & c")
-    assert "<p>a &lt;b&gt; &amp; c</p>" in own and "needs JavaScript" not in own
+    assert "<p>a &lt;b&gt; &amp; c</p>" in own and "only this line" not in own
     with pytest.raises(ValueError, match="name must be"):
         plotting.slider_figure("1 bad", x, frames, slider="p")
     with pytest.raises(ValueError, match="frame 'b' has curves"):

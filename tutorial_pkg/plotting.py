@@ -230,7 +230,8 @@ def slider_figure(
         logx: a logarithmic x axis (``x > 0``).
         fallback: the line shown where the book's script does not run (in Jupyter or Colab,
             which do not load it, as much as in a browser without JavaScript); default: a
-            line saying the figure needs JavaScript. Plain text (escaped).
+            line saying so, which names no other figure (pass one that points the reader to
+            the chapter's static counterpart). Plain text (escaped).
 
     Raises:
         ValueError: for a bad ``name``, no frames, curves that differ between frames, or
@@ -257,8 +258,9 @@ def slider_figure(
     spec = {"x": xs, "labels": labels, "frames": data, "slider": slider, "xlabel": xlabel,
             "ylabel": ylabel, "title": title, "logx": logx}
     if fallback is None:
-        fallback = ("(An interactive figure: it needs JavaScript. The static figure beside it "
-                    "shows the same curves.)")
+        fallback = ("(An interactive figure with a slider, drawn by the rendered book's own "
+                    "script; where that script does not run, as in a notebook, only this line "
+                    "shows.)")
     return (f'<div class="pe-slider-figure" id="{name}" '
             f'data-figure="{html.escape(json.dumps(spec, separators=(",", ":")))}">'
             f"<p>{html.escape(fallback)}</p></div>")
