@@ -123,8 +123,8 @@ ROPE_CASES = [
     _rope(F.GEMMA3, layer_type="sliding_attention", id="gemma3-sliding"),
     _rope(F.GEMMA3, layer_type="full_attention", id="gemma3-full-linear8"),
     _rope(F.GEMMA4, layer_type="sliding_attention", id="gemma4-sliding"),
-    # the global layers' head_dim lives in per_layer_config (read from to_dict() below)
-    _rope(F.GEMMA4, layer_type="full_attention", build="per_layer_config",
+    # the global layers' head_dim: global_head_dim in config.json (per_layer_config in to_dict)
+    _rope(F.GEMMA4, layer_type="full_attention", build="gemma4 file",
           id="gemma4-full-proportional"),
     _rope(F.PHI3, lengths=(8, 40, 8, 16, 17), id="phi3-longrope"),
     _rope(F.PHI4_MINI, lengths=(8, 40, 8), id="phi4_mini-longrope-partial0.75"),
@@ -151,9 +151,10 @@ def _package_rope(build: str, config, layer_type):
     if build == "layout=interleaved":
         return tp.RotaryEmbedding.from_config(config.to_dict(), layer_type=layer_type,
                                               layout="interleaved")
-    if build == "per_layer_config":
-        return tp.RotaryEmbedding.from_config(config.per_layer_config[layer_type].to_dict(),
-                                              layer_type=layer_type)
+    if build == "gemma4 file":  # config.json's form: global_head_dim, no per_layer_config
+        file = {k: v for k, v in config.to_dict().items() if k != "per_layer_config"}
+        file["global_head_dim"] = config.per_layer_config["full_attention"].head_dim
+        return tp.RotaryEmbedding.from_config(file, layer_type=layer_type)
     if build == "gptj":  # create_sinusoidal_positions: base 10000, rotary_dim, adjacent pairs
         head_dim = config.n_embd // config.n_head
         return tp.RotaryEmbedding(head_dim, 10_000.0, rotary_dim=config.rotary_dim,
@@ -1135,3 +1136,27 @@ def test_apply_rope_hf_tables_partial_rotary():
     except ValueError:
         return  # refusing HF's layout is a fix too
     assert _max_err(got, want) <= 1e-12
+
+
+def test_gemma4_global_head_dim_read_from_the_file_form():
+    """A released Gemma 4 config.json has ``global_head_dim`` and no ``per_layer_config``
+    (Gemma4TextConfig builds that from it, 512 where the key is absent): the reader gives
+    the full-attention layers that head size, as transformers' rotary module does."""
+    torch.manual_seed(0)
+    made = F.GEMMA4.make_config().to_dict()
+    for head in (32, None):  # given, and absent (transformers' default, 512)
+        file = {k: v for k, v in made.items() if k != "per_layer_config"}
+        if head is not None:
+            file["global_head_dim"] = head
+        config = type(F.GEMMA4.make_config()).from_dict(file)
+        expected = config.per_layer_config["full_attention"].head_dim
+        assert expected == (head or 512)
+        rope = tp.RotaryEmbedding.from_config(file, layer_type="full_attention")
+        assert rope.head_dim == expected
+        _compare_rope(F.GEMMA4, config, F.rotary_module(F.GEMMA4, config), rope, (12,),
+                      "full_attention")
+    sliding = tp.read_rope_config({**file, "global_head_dim": 32},
+                                  layer_type="sliding_attention")
+    assert sliding.head_dim == made["head_dim"]
+    with pytest.raises(ValueError, match="global_head_dim"):
+        tp.read_rope_config({**F.LLAMA.make_config().to_dict(), "global_head_dim": 64})

@@ -134,7 +134,8 @@ def test_partial_rotary_factor_and_proportional():
            "rope_parameters": {"rope_type": "default", "rope_theta": 1e4,
                                "partial_rotary_factor": 0.5}}
     assert read_rope_config(new).rotary_dim == 32
-    prop = {"model_type": "gemma4_text", "head_dim": 64,
+    # Gemma 4's global layers take global_head_dim (512 where absent): one head size here
+    prop = {"model_type": "gemma4_text", "head_dim": 64, "global_head_dim": 64,
             "rope_parameters": {"rope_type": "proportional", "rope_theta": 1e4,
                                 "partial_rotary_factor": 0.25}}
     cfg = read_rope_config(prop)
@@ -315,3 +316,24 @@ def test_qwen3_next_partial_rotary_from_its_config_class():
         pytest.skip(f"transformers {transformers.__version__} has no Qwen3NextConfig")
     cfg = read_rope_config(cls().to_dict())
     assert (cfg.head_dim, cfg.rotary_dim, cfg.layout, cfg.p_rope) == (256, 64, "half", None)
+
+
+def test_gemma4_file_form_global_head_dim():
+    """A Gemma 4 config.json: global_head_dim (512 where absent) for full_attention layers;
+    without layer_type the two head sizes are refused; other families' global_head_dim too."""
+    file = {"model_type": "gemma4_text", "head_dim": 16, "global_head_dim": 32,
+            "layer_types": ["sliding_attention", "full_attention"],
+            "rope_parameters": {
+                "sliding_attention": {"rope_type": "default", "rope_theta": 1e4},
+                "full_attention": {"rope_type": "proportional", "rope_theta": 1e6,
+                                   "partial_rotary_factor": 0.25}}}
+    assert read_rope_config(file, layer_type="full_attention").head_dim == 32
+    assert read_rope_config(file, layer_type="sliding_attention").head_dim == 16
+    absent = {k: v for k, v in file.items() if k != "global_head_dim"}
+    assert read_rope_config(absent, layer_type="full_attention").head_dim == 512
+    flat = {**absent, "rope_parameters": {"rope_type": "default", "rope_theta": 1e4}}
+    with pytest.raises(ValueError, match="pass layer_type"):
+        read_rope_config(flat)
+    with pytest.raises(ValueError, match="global_head_dim"):
+        read_rope_config({"model_type": "llama", "head_dim": 16, "global_head_dim": 32,
+                          "rope_theta": 1e4})

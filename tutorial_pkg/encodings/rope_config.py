@@ -36,10 +36,11 @@ Where none of them decides (a ``model_type`` it does not know, or a dict without
 
 **Family rules** a config does not state either: GPT-J's code hard-codes the base
 10000 and rotates ``rotary_dim`` features (its key, a count, not a fraction) of
-``n_embd // n_head``; Gemma 4 gives its global layers their own ``head_dim`` in
-``per_layer_config`` (layer index -> overrides, as ``config.to_dict()`` writes it),
-read for the ``layer_type`` asked for, as transformers' ``config.per_layer_config[layer_type]``
-does.
+``n_embd // n_head``; Gemma 4 gives its global layers their own ``head_dim``: in its
+``config.json`` as ``global_head_dim`` (512 where absent, as ``Gemma4TextConfig`` reads it),
+in ``config.to_dict()`` as ``per_layer_config`` (layer index -> overrides); either is read
+for the ``layer_type`` asked for, as transformers' ``config.per_layer_config[layer_type]``
+is.
 """
 
 from __future__ import annotations
@@ -236,10 +237,37 @@ def _rope_dict(config: dict, layer_type: str | None) -> tuple[dict, bool]:
     return rope, nested
 
 
+def _gemma4_file_form(config: dict, layer_type: str | None) -> dict:
+    """A Gemma 4 ``config.json`` read as ``Gemma4TextConfig`` reads it.
+
+    The released files give the global layers' head size as ``global_head_dim`` and have no
+    ``per_layer_config``; ``Gemma4TextConfig`` makes that key (512 where absent) the
+    ``head_dim`` of every ``full_attention`` layer, and ignores it where ``per_layer_config``
+    is given. Other families have no such key: there it is refused, not dropped.
+    """
+    if config.get("model_type") != "gemma4_text":
+        if config.get("global_head_dim") is not None:
+            raise ValueError(f"config['global_head_dim'] is Gemma 4's key (model_type "
+                             f"'gemma4_text'), but model_type is {config.get('model_type')!r}: "
+                             f"which layers take that head size is unknown")
+        return config
+    if config.get("per_layer_config") is not None:
+        return config
+    global_head = config.get("global_head_dim", 512)  # Gemma4TextConfig's default
+    if layer_type == "full_attention":
+        return {**config, "head_dim": global_head}
+    if layer_type is None and global_head != _head_dim(config):
+        raise ValueError(f"a Gemma 4 config gives its full_attention layers head_dim "
+                         f"{global_head} (global_head_dim, 512 where absent) "
+                         f"and the others {_head_dim(config)}: pass layer_type")
+    return config
+
+
 def _layer_overrides(config: dict, layer_type: str | None) -> dict:
     """``config`` with the ``per_layer_config`` overrides of ``layer_type``'s layers on top
     (transformers' ``config.per_layer_config[layer_type]``: every layer of that type must
     have the same overrides)."""
+    config = _gemma4_file_form(config, layer_type)
     overrides = config.get("per_layer_config")
     if not overrides:
         return config
