@@ -389,7 +389,9 @@ def test_auto_backend_equals_naive_with_padding_and_gradients(key, causal, gqa):
 def test_auto_adds_a_key_bias_to_the_fused_causal_kernel(monkeypatch):
     enc = build_encoding("alibi")
     layer = MultiHeadAttention(D_MODEL, N_HEADS, enc)
-    assert backends.key_bias_supported(torch.device("cpu"), torch.float32, False)  # probe first
+    # probe first, at the layer's head width (the key "auto" looks up)
+    assert backends.key_bias_supported(torch.device("cpu"), torch.float32, False,
+                                       D_MODEL // N_HEADS)
     seen = []
     real = F.scaled_dot_product_attention
 
@@ -893,3 +895,28 @@ def test_transformer_block_takes_a_ready_attention_layer():
         TransformerBlock(D_MODEL, N_HEADS, attention=attn, backend="naive", window=3)
     with pytest.raises(TypeError, match="attention"):
         TransformerBlock(D_MODEL, N_HEADS, attention=torch.nn.Identity())
+
+
+def test_the_key_bias_probe_runs_per_head_width(monkeypatch):
+    """"auto" asks the probe at q's head width (a GPU picks its kernel by it), and the probe
+    builds its problem at that width; another width is probed apart."""
+    from tutorial_pkg.attention import _caches, _probe
+
+    monkeypatch.setattr(_caches, "_key_bias_ok", {})
+    monkeypatch.setattr(_probe, "_key_bias_ok", _caches._key_bias_ok)
+    widths = []
+    real = _probe.probe_key_bias
+
+    def spy(device, dtype, gqa, head_dim=8):
+        widths.append(head_dim)
+        return real(device, dtype, gqa, head_dim)
+
+    monkeypatch.setattr(_probe, "probe_key_bias", spy)
+    for heads in (N_HEADS, N_HEADS // 2):
+        layer = MultiHeadAttention(D_MODEL, heads, build_encoding("alibi", n_heads=heads))
+        with torch.no_grad():
+            layer(torch.randn(1, 12, D_MODEL))
+    assert widths == [D_MODEL // N_HEADS, 2 * D_MODEL // N_HEADS]
+    assert {k[3] for k in _caches._key_bias_ok} == set(widths)
+    with pytest.raises(ValueError, match="head_dim"):
+        real(torch.device("cpu"), torch.float32, False, 0)

@@ -142,7 +142,7 @@ def cached_tensors(encoding: PositionEncoding) -> list[torch.Tensor]:
 
 def cache_info() -> dict:
     """What this module holds: ``tables`` (bias tables and key rows, all encodings),
-    ``block_masks``, ``key_bias_probes`` (``{(device type, dtype, gqa): bool}``, the
+    ``block_masks``, ``key_bias_probes`` (``{(device type, dtype, gqa, head_dim): bool}``, the
     probes' answers) and ``compiled_flex`` (the ``dynamic`` flags compiled so far)."""
     return {"tables": sum(len(t) for t in _tables.values()),
             "block_masks": len(_block_masks),

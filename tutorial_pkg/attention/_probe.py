@@ -2,8 +2,10 @@
 
 ``"auto"`` hands SDPA a float key row together with ``is_causal=True``, a pair PyTorch's
 documentation calls an error: an undocumented fast path, checked on the CPU by the tests and
-unverified on CUDA. :func:`key_bias_supported` answers, once per (device type, dtype, GQA),
-whether the kernels here compute it within tolerance of a float64 reference;
+unverified on CUDA. :func:`key_bias_supported` answers, once per (device type, dtype, GQA,
+head width), whether the kernels here compute it within tolerance of a float64 reference
+(a GPU picks its kernel by dtype and head width among others, so the probe runs at the
+layer's head width);
 :func:`probe_key_bias` is the check itself.
 """
 
@@ -24,12 +26,13 @@ from .masks import causal_mask, dense_mask
 __all__ = ["key_bias_supported", "probe_key_bias"]
 
 
-def key_bias_supported(device: torch.device, dtype: torch.dtype, gqa: bool) -> bool:
+def key_bias_supported(device: torch.device, dtype: torch.dtype, gqa: bool,
+                       head_dim: int = 8) -> bool:
     """Does SDPA add a float key row *and* apply ``is_causal`` here, within tolerance? (cached).
 
     ``"auto"`` relies on it, although PyTorch's documentation calls ``attn_mask`` with
     ``is_causal=True`` an error. :func:`probe_key_bias` answers, once per (device type,
-    dtype, GQA); where nothing can run (meta, ``FakeTensorMode``, tracing) the answer is
+    dtype, GQA, ``head_dim``: ``"auto"`` passes q's); where nothing can run (meta, ``FakeTensorMode``, tracing) the answer is
     False and is not kept. A :class:`~tutorial_pkg.attention._kernel_rules.KernelRules`
     ``key_bias`` answers instead.
     """
@@ -37,12 +40,12 @@ def key_bias_supported(device: torch.device, dtype: torch.dtype, gqa: bool) -> b
     assumed = kernel_rules(device.type).key_bias
     if assumed is not None:
         return assumed
-    key = (device.type, dtype, gqa)
+    key = (device.type, dtype, gqa, head_dim)
     if key in _key_bias_ok:
         return _key_bias_ok[key]
     if torch.compiler.is_compiling():
         return False  # never probe while tracing; the next eager call will
-    ok = probe_key_bias(device, dtype, gqa)
+    ok = probe_key_bias(device, dtype, gqa, head_dim)
     if ok is None:
         return False
     _key_bias_ok[key] = ok
@@ -54,10 +57,10 @@ _FUSED = (SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION,
           SDPBackend.CUDNN_ATTENTION)
 
 
-def probe_key_bias(device, dtype: torch.dtype, gqa: bool) -> bool | None:
+def probe_key_bias(device, dtype: torch.dtype, gqa: bool, head_dim: int = 8) -> bool | None:
     """The check of :func:`key_bias_supported`, run now (nothing cached).
 
-    A tiny problem whose keys sit at positions 4096+ (a row rounded to 16 bits fails
+    A tiny problem (2 heads, 16 tokens, ``head_dim`` features) whose keys sit at positions 4096+ (a row rounded to 16 bits fails
     there): ``scaled_dot_product_attention(q, k, v, attn_mask=row, is_causal=True)``, the
     row of q's dtype, forward and gradients, against a float64 reference; once with the
     kernel PyTorch selects and once restricted to each fused kernel (flash,
@@ -72,7 +75,9 @@ def probe_key_bias(device, dtype: torch.dtype, gqa: bool) -> bool | None:
     device = torch.device(device)
     if device.type == "meta" or fake_mode_active():
         return None
-    heads, kv_heads, length, dim, offset = 2, 1 if gqa else 2, 16, 8, 4096
+    if isinstance(head_dim, bool) or not isinstance(head_dim, int) or head_dim < 1:
+        raise ValueError(f"head_dim must be a positive int, got {head_dim!r}")
+    heads, kv_heads, length, dim, offset = 2, 1 if gqa else 2, 16, head_dim, 4096
     gen = torch.Generator().manual_seed(0)
     q = torch.randn(1, heads, length, dim, generator=gen)
     k, v = (torch.randn(1, kv_heads, length, dim, generator=gen) for _ in range(2))

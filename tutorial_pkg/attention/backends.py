@@ -41,7 +41,7 @@ tolerance (tested for every encoding). ``compile`` matters to ``"flex"`` only.
   causal softmax with the row added, which the package's tests check on the CPU. On CUDA
   it is unverified: no GPU run of it is recorded. So the path is taken only where
   :func:`~tutorial_pkg.attention._probe.key_bias_supported` has run the call on this device
-  type and dtype, with the kernel PyTorch selects and each fused kernel alone, forward and
+  type, dtype and head width, with the kernel PyTorch selects and each fused kernel alone, forward and
   backward, within tolerance of a float64 reference; everywhere else ``"auto"`` is
   ``"sdpa"``, the documented 4-D float mask (same numbers, an ``(H, L, L)`` table).
 
@@ -63,7 +63,7 @@ Devices: what a backend builds for a call (tables, rows, block masks) is built o
 device from the encoding's constants. Learned tensors are never copied: elsewhere than q
 they raise ``ValueError`` naming both devices (for ``"flex"``, any tensor of the
 encoding). The one read back to the host is the key-row probe, once per
-(device type, dtype, GQA).
+(device type, dtype, GQA, head width).
 """
 
 from __future__ import annotations
@@ -228,7 +228,7 @@ def auto_key_bias(q, k, plan: AttentionPlan, encoding: PositionEncoding, *, drop
         row = None if row is None else _as_4d(row)
     if row is None or (row.requires_grad and torch.is_grad_enabled()):
         return None  # no key-only form, or a learnable bias (fused kernels give no mask grad)
-    if not key_bias_supported(q.device, q.dtype, q.shape[1] != k.shape[1]):
+    if not key_bias_supported(q.device, q.dtype, q.shape[1] != k.shape[1], q.shape[-1]):
         return None
     return row
 
