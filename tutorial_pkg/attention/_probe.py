@@ -32,9 +32,9 @@ def key_bias_supported(device: torch.device, dtype: torch.dtype, gqa: bool,
 
     ``"auto"`` relies on it, although PyTorch's documentation calls ``attn_mask`` with
     ``is_causal=True`` an error. :func:`probe_key_bias` answers, once per (device type,
-    dtype, GQA, ``head_dim``: ``"auto"`` passes q's); where nothing can run (meta, ``FakeTensorMode``, tracing) the answer is
-    False and is not kept. A :class:`~tutorial_pkg.attention._kernel_rules.KernelRules`
-    ``key_bias`` answers instead.
+    dtype, GQA, ``head_dim``: ``"auto"`` passes q's); where nothing can run (meta,
+    ``FakeTensorMode``, tracing) the answer is False and is not kept. A
+    :class:`~tutorial_pkg.attention._kernel_rules.KernelRules` ``key_bias`` answers instead.
     """
     device = torch.device(device)
     assumed = kernel_rules(device.type).key_bias
@@ -60,9 +60,10 @@ _FUSED = (SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION,
 def probe_key_bias(device, dtype: torch.dtype, gqa: bool, head_dim: int = 8) -> bool | None:
     """The check of :func:`key_bias_supported`, run now (nothing cached).
 
-    A tiny problem (2 heads, 16 tokens, ``head_dim`` features) whose keys sit at positions 4096+ (a row rounded to 16 bits fails
-    there): ``scaled_dot_product_attention(q, k, v, attn_mask=row, is_causal=True)``, the
-    row of q's dtype, forward and gradients, against a float64 reference; once with the
+    A tiny problem (2 heads, 16 tokens, ``head_dim`` features) whose keys sit at positions
+    4096+ (a row rounded to 16 bits fails there):
+    ``scaled_dot_product_attention(q, k, v, attn_mask=row, is_causal=True)``, the row of q's
+    dtype, forward and gradients, against a float64 reference; once with the
     kernel PyTorch selects and once restricted to each fused kernel (flash,
     memory-efficient, cuDNN) that takes the call on this device. True if the selected one
     runs and every one that runs is within tolerance: a largest error of at most 1e-3 times

@@ -41,8 +41,8 @@ tolerance (tested for every encoding). ``compile`` matters to ``"flex"`` only.
   causal softmax with the row added, which the package's tests check on the CPU. On CUDA
   it is unverified: no GPU run of it is recorded. So the path is taken only where
   :func:`~tutorial_pkg.attention._probe.key_bias_supported` has run the call on this device
-  type, dtype and head width, with the kernel PyTorch selects and each fused kernel alone, forward and
-  backward, within tolerance of a float64 reference; everywhere else ``"auto"`` is
+  type, dtype and head width, with the kernel PyTorch selects and each fused kernel alone,
+  forward and backward, within tolerance of a float64 reference; everywhere else ``"auto"`` is
   ``"sdpa"``, the documented 4-D float mask (same numbers, an ``(H, L, L)`` table).
 
 Every float mask handed to a kernel has q's dtype (PyTorch documents "a float mask of the
