@@ -1,0 +1,66 @@
+"""The facts chapter 1 states in prose about its dependencies and about the book's own model.
+
+Chapter 1 holds its tables to Hugging Face's M2M100 and Whisper classes, which are those of the
+transformers that ``pyproject.toml`` pins; and its checklist says that the book's ``TinyLM``
+(chapter 7) initialises its token embeddings at standard deviation 0.02, never multiplies them by
+``sqrt(d)``, and adds the sinusoidal table either unscaled (``sinusoidal``) or scaled to the
+embeddings' RMS (``sinusoidal_scaled``). These tests keep that prose true.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from importlib.metadata import version
+from pathlib import Path
+
+import pytest
+import torch
+
+from tutorial_pkg import TinyLM
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_installed_transformers_is_the_pinned_one():
+    pytest.importorskip("transformers")
+    pins = set(re.findall(r'"transformers>=([\d.]+),<([\d.]+)"',
+                          (ROOT / "pyproject.toml").read_text()))
+    assert len(pins) == 1  # one pin for every extra that names transformers
+    ((low, high),) = pins
+    def minor(v):
+        return tuple(int(x) for x in v.split(".")[:2])
+
+    assert minor(low) <= minor(version("transformers")) < minor(high)
+
+
+def test_tiny_lm_embeddings_std_0_02_and_not_multiplied_by_sqrt_d():
+    d = 256
+    model = TinyLM("nope", d_model=d, n_layers=1, seed=0)
+    std = model.tok_emb.weight.std().item()
+    assert abs(std - 0.02) < 0.001
+    seen = {}
+    original = model.encoding.embed
+
+    def spy(x, positions):
+        seen["x"] = x
+        return original(x, positions)
+
+    model.encoding.embed = spy
+    ids = torch.arange(8)[None]
+    with torch.no_grad():
+        model(ids)
+    # what the encoding receives is the embedding row itself, not sqrt(d) times it
+    torch.testing.assert_close(seen["x"][0], model.tok_emb.weight[ids[0]], rtol=0, atol=0)
+
+
+def test_chapter_7_sinusoidal_variants_unscaled_and_scaled_to_the_embeddings_rms():
+    record = json.loads((ROOT / "book/data/extrapolation_results.json").read_text())
+    variants = record["variants"]
+    assert variants["sinusoidal"]["encoding"] == "sinusoidal"
+    assert variants["sinusoidal"]["kwargs"].get("scale", 1.0) == 1.0
+    scaled = variants["sinusoidal_scaled"]
+    assert scaled["encoding"] == "sinusoidal"
+    # table RMS 1/sqrt(2) times scale == the embeddings' 0.02
+    assert math.isclose(scaled["kwargs"]["scale"] / math.sqrt(2), 0.02, rel_tol=1e-9)
