@@ -19,7 +19,8 @@ holds once measured, so that a group's cases never hold their tables together an
 would not fit the GPU (or ``--memory-limit``) is skipped with the reason; dtypes and
 compilation follow the GPU's compute capability (:func:`device_plan`). Each ratio compares
 two cases measured side by side in the same run (interleaved rounds, each in a random order
-of the cases drawn from ``--order-seed``, medians), never numbers from different runs; every
+of the cases, drawn per group from ``--order-seed`` and the group's name (:func:`group_seed`),
+medians), never numbers from different runs; every
 group times its reference's own callable twice (the A/A control). With ``--out`` the family
 of claims the run is made to test (:data:`CLAIMS`, with its error rate :data:`ALPHA`) is
 written into the file before anything is timed, and each claim's verdict
@@ -44,6 +45,7 @@ import shlex
 import subprocess
 import sys
 import time
+import zlib
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -837,8 +839,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--lm-rounds", type=int, default=None,
                    help="rounds of the lm group (default 30; --quick: 1)")
     p.add_argument("--order-seed", type=int, default=0,
-                   help="seed of the random order of the cases in every round (default 0; "
-                   "-1: the fixed order, the reference first)")
+                   help="seed of the random order of the cases in every round; each group "
+                   "draws from its own seed, this one plus a hash of its name (default 0; "
+                   "give each run its own; -1: the fixed order, the reference first)")
     p.add_argument("--naive-for", nargs="+", choices=list(ATTENTION_ENCODINGS), default=None,
                    help="encodings that get the naive backend (default: all of --encodings)")
     p.add_argument("--threads", type=int, default=None,
@@ -885,6 +888,15 @@ def _finish_args(args: argparse.Namespace) -> argparse.Namespace:
     if getattr(args, "parts", None) is None:
         args.parts = list(SUITE_PARTS)
     return args
+
+
+def group_seed(order_seed: int, group: str) -> int:
+    """The seed of ``group``'s case orders: ``order_seed`` plus the CRC-32 of its name.
+
+    One seed for every group would give every group the same sequence of orders (the same
+    case first in the same rounds everywhere), so pooled comparisons over groups would not
+    be over independent randomisations."""
+    return (order_seed + zlib.crc32(group.encode("utf-8"))) % 2**31
 
 
 def _cap_allocator(device: str, limit: int) -> None:
@@ -960,8 +972,9 @@ def run(argv: Sequence[str] | None = None, *, suite: SuiteFn | None = None
     print(f"{hardware['device_name']} ({hardware['device']}), torch {hardware['torch']}, "
           f"{hardware['num_threads']} threads, load average {hardware['loadavg']}", flush=True)
     order_seed = None if args.order_seed < 0 else args.order_seed
-    design = {"order_seed": order_seed, "rounds": {"attention": args.rounds,
-              "rope": args.rope_rounds, "lm train step": args.lm_rounds},
+    design = {"order_seed": order_seed, "group_order_seeds": {},
+              "rounds": {"attention": args.rounds, "rope": args.rope_rounds,
+                         "lm train step": args.lm_rounds},
               "warmup": args.warmup, "min_runs": args.min_runs, "max_time_s": args.max_time}
     claims = claim_dicts()
     if args.out is not None:  # the claims go into the file before anything is timed
@@ -984,8 +997,10 @@ def run(argv: Sequence[str] | None = None, *, suite: SuiteFn | None = None
                 warmup=args.warmup, min_runs=args.min_runs, max_time_s=args.max_time,
                 rounds=rounds, measure_memory=not args.no_memory,
                 memory_limit=memory_limit, on_case_done=lambda _name: bar.update(1),
-                order_seed=order_seed,
+                order_seed=None if order_seed is None else group_seed(order_seed, group),
             )
+            if order_seed is not None:
+                design["group_order_seeds"][group] = group_seed(order_seed, group)
             records.extend(group_records)
             load_by_group[group] = bm.hardware_info("cpu")["loadavg"]
             # one table per group as soon as it is measured (long runs show progress)

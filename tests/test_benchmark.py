@@ -838,3 +838,23 @@ def test_the_recorded_family_is_written_before_anything_is_timed(tmp_path):
     assert [d["id"] for d in data["decided"]] == [c["id"] for c in data["claims"]]
     assert data["design"]["order_seed"] == 0
     assert all(len(r["round_positions"]) == 2 for r in data["records"])
+
+
+def test_each_group_draws_its_own_case_orders(tmp_path):
+    """One order seed for every group gave every group the same orders (the A/A before the
+    limit in the same rounds everywhere): each group's seed is the run's plus its name's."""
+    out = tmp_path / "r.json"
+
+    def suite(args: argparse.Namespace):
+        for group in ("g1", "g2"):
+            cases = {name: (lambda: None) for name in ("ref", "a", "b", "c", "d")}
+            yield bs.SuiteEntry(group, cases, "ref", {"op": "x"})
+
+    bs.main(["--quick", "--device", "cpu", "--no-progress", "--no-memory", "--rounds", "8",
+             "--out", str(out)], suite=suite)
+    data = json.loads(out.read_text())
+    seeds = data["design"]["group_order_seeds"]
+    assert seeds == {g: bs.group_seed(0, g) for g in ("g1", "g2")} and len(set(seeds.values())) == 2
+    orders = {g: [r["round_positions"] for r in data["records"] if r["group"] == g]
+              for g in ("g1", "g2")}
+    assert orders["g1"] != orders["g2"]
