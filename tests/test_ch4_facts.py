@@ -1,0 +1,179 @@
+"""Facts chapter 4 (book/04_attention.ipynb) states in its prose, checked here rather than in
+hidden cells: the quoted documentation of the installed torch and of the pinned transformers,
+the package's own ``and_masks``, the recorded benchmark's pairing, the probe's shape and the
+kept table's size. A transformers other than the pinned 5.24 fails loudly: the chapter quotes
+that version's source."""
+
+import ast
+import importlib.metadata
+import inspect
+import json
+import math
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import tutorial_pkg as tp
+from tutorial_pkg.attention import masks
+
+ROOT = Path(__file__).resolve().parents[1]
+CHAPTER = ROOT / "book" / "04_attention.ipynb"
+
+
+def _cell(cell_id):
+    cells = json.loads(CHAPTER.read_text())["cells"]
+    (cell,) = [c for c in cells if c.get("id") == cell_id]
+    return "".join(cell["source"])
+
+
+def test_and_masks_is_the_packages_own_and_composes_like_torchs():
+    """Cells 11 and 85: the package's and_masks, modelled on attention-gym's / PyTorch's."""
+    flex_module = pytest.importorskip("torch.nn.attention.flex_attention")
+    assert masks.and_masks is not flex_module.and_masks
+    assert masks.and_masks.__module__ == "tutorial_pkg.attention.masks"
+    q_idx = torch.arange(12)[:, None]
+    kv_idx = torch.arange(12)[None, :]
+    rules = (masks.causal_mask, masks.sliding_window(4))
+    b = h = torch.tensor(0)  # torch's and_masks takes tensors for every index
+    ours = masks.and_masks(*rules)(b, h, q_idx, kv_idx)
+    theirs = flex_module.and_masks(*rules)(b, h, q_idx, kv_idx)
+    assert torch.equal(ours, theirs)
+    assert torch.equal(ours, (kv_idx <= q_idx) & (kv_idx > q_idx - 4))
+    assert masks.and_masks(masks.causal_mask) is masks.causal_mask
+
+
+def test_sdpa_documentation_quoted_in_the_chapter():
+    """Cells 18, 20, 55 and 57 quote the installed torch's scaled_dot_product_attention."""
+    doc = " ".join(F.scaled_dot_product_attention.__doc__.split())
+    for quoted in ("An error is thrown if both attn_mask and is_causal are set.",
+                   "if is_causal: assert attn_mask is None",
+                   "A float mask of the same type as query, key, value that is added to the "
+                   "attention score.",
+                   "upper left causal bias due to the alignment",
+                   "key = key.repeat_interleave(query.size(-3)//key.size(-3), -3)"):
+        assert quoted in doc, quoted
+
+
+def test_benchmark_record_pairs_every_case_in_every_round():
+    """Cell 25's within-round ratios: every case timed in every round, one reference."""
+    recorded = json.loads((ROOT / "book" / "data" / "benchmark_cpu.json").read_text())
+    cases = ("nope/sdpa", "alibi/auto", "alibi/sdpa")
+    timed = {(r["case"], r["params"]["seq_len"]): r for r in recorded["records"]
+             if r["case"] in cases and r["params"].get("op") == "attention"
+             and r["params"].get("pass") == "fwd" and r["params"].get("dtype") == "float32"
+             and r["params"].get("seq_len") in (1024, 2048, 4096)}
+    rounds = len(timed["alibi/auto", 1024]["round_ratios"])
+    assert rounds >= 2
+    for n in (1024, 2048, 4096):
+        assert {len(timed[c, n]["round_ratios"]) for c in cases} == {rounds}, n
+        assert len({timed[c, n]["reference"] for c in cases}) == 1, n
+
+
+def _probe_shape():
+    """(heads, length, dim, offset) of probe_key_bias's problem, read from its source."""
+    from tutorial_pkg.attention import _probe
+
+    tree = ast.parse(inspect.getsource(_probe.probe_key_bias))
+    for node in ast.walk(tree):
+        if (isinstance(node, ast.Assign) and isinstance(node.targets[0], ast.Tuple)
+                and [t.id for t in node.targets[0].elts][:2] == ["heads", "kv_heads"]):
+            values = node.value.elts
+            heads, length, dim, offset = (values[i] for i in (0, 2, 3, 4))
+            return (ast.literal_eval(heads), ast.literal_eval(length),
+                    ast.literal_eval(dim) if isinstance(dim, ast.Constant) else None,
+                    ast.literal_eval(offset))
+    raise AssertionError("probe_key_bias no longer assigns heads, kv_heads, length, dim, offset")
+
+
+def test_chapter_table_runs_the_probes_shape():
+    """Cell 24 says the package's probe runs the comparison of cell 21 at its shape."""
+    heads, length, dim, offset = _probe_shape()
+    source = _cell("23a66596")
+    width = 8 if dim is None else dim  # a probe at the layer's head width: the chapter's is 8
+    assert f"torch.randn(1, {heads}, {length}, {width}, generator=gen)" in source
+    assert f"torch.arange({offset}, {offset + length}, dtype=torch.float64)" in source
+
+
+def test_sdpa_keeps_the_table_for_the_length_rounded_up_to_a_power_of_two():
+    """Cell 34: the kept (1, H, T, T) float32 table, T the length rounded up to a power of 2."""
+    from tutorial_pkg.attention._caches import cached_tensors
+
+    n_heads, length = 4, 600
+    layer = tp.MultiHeadAttention(32, n_heads, tp.ALiBi(n_heads), backend="sdpa")
+    with torch.no_grad():
+        layer(torch.randn(1, length, 32))
+    held = cached_tensors(layer.encoding)
+    assert [tuple(t.shape) for t in held] == [(1, n_heads, 1024, 1024)]
+    assert all(t.dtype == torch.float32 for t in held)
+
+
+def test_block_mask_bytes_are_four_count_vectors_and_four_index_matrices():
+    """Cell 34's model of FlexAttention's block mask."""
+    flex_module = pytest.importorskip("torch.nn.attention.flex_attention")
+
+    def causal(b, h, q_idx, kv_idx):
+        return kv_idx <= q_idx
+
+    for length in (256, 512, 1024):
+        bm = flex_module.create_block_mask(causal, None, None, length, length, device="cpu")
+        tiles = math.ceil(length / bm.BLOCK_SIZE[0])
+        real = sum(t.nbytes for t in bm.as_tuple() if isinstance(t, torch.Tensor))
+        assert real == 4 * 4 * tiles + 4 * 4 * tiles * tiles, length
+
+
+@pytest.fixture(scope="module")
+def hf():
+    transformers = pytest.importorskip("transformers")
+    version = importlib.metadata.version("transformers")
+    if not version.startswith("5.24."):
+        pytest.fail(f"chapter 4 quotes transformers 5.24's source (pyproject.toml pins it); "
+                    f"installed: {version}")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # transformers' import-time notices
+        import transformers.cache_utils as hf_cache
+        import transformers.generation.utils as hf_generation
+        import transformers.masking_utils as hf_masking
+    return transformers, hf_cache, hf_generation, hf_masking
+
+
+def test_transformers_masking_quotes(hf):
+    """Cells 59, 70 and exercise 3 quote masking_utils.py and cache_utils.py."""
+    _, hf_cache, _, hf_masking = hf
+    src = inspect.getsource(hf_masking)
+    for quoted in ("return kv_idx <= q_idx", "return kv_idx > q_idx - sliding_window",
+                   "q_arange = torch.arange(q_length, device=device) + q_offset",
+                   "If `q_length == 1`, we then use `is_causal=False` in sdpa integration to "
+                   "mimic lower-right",
+                   "If `kv_length == q_length`,\n    # we use `is_causal=True` as upper-left "
+                   "alignment (torch's default) is the same as lower-right in this case.",
+                   "q_offset = cache.get_query_offset(layer_idx)"):
+        assert quoted in src, quoted
+    cache_doc = " ".join(inspect.getsource(hf_cache.Cache.get_query_offset).split())
+    assert ("It's always equal to the cache length, i.e. `get_seq_length(layer_idx)`, "
+            "except for MTP layers.") in cache_doc
+    assert "Only cache the last `self.sliding_window - 1` tokens" in inspect.getsource(
+        hf_cache.DynamicSlidingWindowLayer.update)
+
+
+def test_transformers_generation_positions_quotes(hf):
+    """Cell 68 quotes generate's position count and IDEFICS's fill."""
+    _, _, hf_generation, _ = hf
+    gen_src = inspect.getsource(
+        hf_generation.GenerationMixin._prepare_position_ids_for_generation)
+    assert "position_ids = attention_mask.long().cumsum(-1) - 1" in gen_src
+    assert "position_ids = position_ids.masked_fill(attention_mask == 0, 0)" in gen_src
+    assert "# We need this as otherwise padding tokens appear as -1 in position" in gen_src
+    from transformers.models.idefics.modeling_idefics import IdeficsModel
+
+    assert "position_ids.masked_fill_(attention_mask == 0, 1)" in inspect.getsource(
+        IdeficsModel.forward)
+
+
+def test_softcapping_defaults(hf):
+    """Cell 16: Gemma 2's cap of 50, none in Gemma 3."""
+    transformers = hf[0]
+    assert transformers.Gemma2Config().attn_logit_softcapping == 50.0
+    assert transformers.Gemma3TextConfig().attn_logit_softcapping is None
