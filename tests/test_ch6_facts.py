@@ -1,0 +1,116 @@
+"""The facts chapter 6 states about its record, its recipe and its dependencies.
+
+Chapter 6 tests the claim family stored in ``book/data/hybrid_results.json`` and says that it is
+the family the record script fixes, decided by the script's own code; it writes out
+``train_task``'s recipe; it plans the equivalences' seed count from the pilot's per-seed values,
+copied into ``book/data/hybrid_pilot.json``; and its section on kernels and loaders says that a
+Flex ``score_mod`` trains the slope scales with the materialised bias's gradient, and what the
+pinned transformers' Falcon does with ALiBi and RoPE. These tests keep that prose true.
+"""
+
+from __future__ import annotations
+
+import ast
+import inspect
+import json
+import re
+import subprocess
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+
+import benchmarks.extrapolation_seeds as seeds
+import tutorial_pkg as tp
+from tutorial_pkg.experiments.tasks import train_task
+
+ROOT = Path(__file__).resolve().parents[1]
+DATA = ROOT / "book" / "data"
+CHAPTER = ROOT / "book" / "06_hybrid.ipynb"
+
+
+def _record():
+    return json.loads((DATA / "hybrid_results.json").read_text())
+
+
+def test_the_stored_family_is_the_scripts_and_decided_by_its_code():
+    rec = _record()
+    assert rec["claims"] == [dict(c) for c in seeds.CH6_CLAIMS]
+    assert rec["alpha"] == seeds.CH6_ALPHA
+    assert rec["decided"] == seeds.decide_ch6(rec)  # every number, recomputed
+
+
+def test_the_recipe_written_out_in_the_chapter_is_train_tasks_defaults():
+    cells = json.loads(CHAPTER.read_text())["cells"]
+    source = next("".join(c["source"]) for c in cells if c.get("id") == "6e8e1c7d")
+    literal = re.search(r"^TRAIN = (\{.*?\})", source, flags=re.S | re.M).group(1)
+    written = ast.literal_eval(literal)
+    defaults = {k: p.default for k, p in inspect.signature(train_task).parameters.items()}
+    assert written and all(defaults[k] == v for k, v in written.items())
+
+
+def test_the_pilot_file_is_a_copy_of_the_pilot_record():
+    pilot = json.loads((DATA / "hybrid_pilot.json").read_text())
+    rec = _record()
+    prov = pilot["provenance"]
+    assert prov["commit"] == rec["pilot"]["commit"] and pilot["seeds"] == rec["pilot"]["seeds"]
+    try:
+        raw = subprocess.run(["git", "show", f"{prov['commit']}:{prov['path']}"], cwd=ROOT,
+                             capture_output=True, text=True, check=True).stdout
+    except (OSError, subprocess.CalledProcessError):
+        pytest.skip("the pilot's commit is not in this checkout's history (a shallow clone)")
+    source = json.loads(raw)
+    assert source["seeds"] == pilot["seeds"]
+    for task, by_encoding in pilot["acc_128"].items():
+        for encoding, values in by_encoding.items():
+            rows = {r["seed"]: r["acc_128"] for r in source["records"]
+                    if r["task"] == task and r["encoding"] == encoding}
+            assert values == [rows[s] for s in source["seeds"]]  # exact, not rounded
+
+
+def test_flex_score_mod_gives_the_slope_scales_the_materialised_bias_gradient():
+    from torch.nn.attention.flex_attention import flex_attention
+
+    n_heads, L, head_dim = 4, 32, 16
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, n_heads, L, head_dim, generator=g) for _ in range(3))
+    lam = tp.alibi_slopes(n_heads)
+
+    def learnable_alibi(log_scale):
+        def score_mod(score, b, h, q_idx, k_idx):
+            return torch.where(q_idx >= k_idx,
+                               score - lam[h] * log_scale[h].exp() * (q_idx - k_idx),
+                               float("-inf"))
+        return score_mod
+
+    grads = {}
+    for how in ("flex", "sdpa"):
+        log_s = torch.zeros(n_heads, requires_grad=True)
+        if how == "flex":
+            with warnings.catch_warnings():  # eager flex_attention warns that it is not compiled
+                warnings.simplefilter("ignore")
+                out = flex_attention(q, k, v, score_mod=learnable_alibi(log_s))
+        else:
+            p = torch.arange(L)
+            dist = p[:, None] - p[None, :]
+            bias = (-(lam * log_s.exp())[:, None, None] * dist).masked_fill(dist < 0,
+                                                                             float("-inf"))
+            out = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=bias)
+        out.square().sum().backward()
+        grads[how] = log_s.grad
+    assert (grads["sdpa"] != 0).all()
+    torch.testing.assert_close(grads["flex"], grads["sdpa"])
+
+
+def test_pinned_falcon_has_alibi_or_rope_and_divides_alibi_by_sqrt_head_dim():
+    pytest.importorskip("transformers")
+    import transformers
+    from transformers import FalconConfig
+    from transformers.models.falcon import modeling_falcon
+
+    assert transformers.__version__.startswith("5.24")  # the version chapter 6 names
+    assert FalconConfig(alibi=True).rotary is False and FalconConfig(alibi=False).rotary is True
+    assert "return not self.alibi" in inspect.getsource(FalconConfig)
+    assert "alibi / math.sqrt(self.config.hidden_size // self.num_heads)" in inspect.getsource(
+        modeling_falcon)
