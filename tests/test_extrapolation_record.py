@@ -96,3 +96,33 @@ def test_the_records_chapter_1_reads_are_consistent():
         rises = [hi - lo for hi, lo in zip(per_seed(pre, encoding, ratio),
                                            per_seed(pre, encoding, 1), strict=True)]
         assert abs(decided[name]["mean"] - fmean(rises)) < 1e-9
+
+
+def _records():
+    from pathlib import Path
+
+    data = Path(__file__).resolve().parents[1] / "book" / "data"
+    return (json.loads((data / "extrapolation_results.json").read_text()),
+            json.loads((data / "extrapolation_preregistered.json").read_text()),
+            data)
+
+
+def test_the_stored_family_is_the_scripts_and_its_decisions_follow_from_the_record():
+    """What chapter 7 reads as the family: the script's claims, decided as the script decides."""
+    pilot, pre, _ = _records()
+    assert pre["claims"] == json.loads(json.dumps(list(seeds.CH7_CLAIMS)))
+    assert pre["decided"] == seeds.decide_ch7(pre)
+    # the fresh seeds scored the pilot's blocks: the same configuration, block count and size
+    assert pre["config"] == pilot["config"]
+    assert {(r["target_len"], r["n_blocks"]) for r in pre["fixed_targets"]} == {
+        (r["target_len"], r["n_blocks"]) for r in pilot["fixed_targets"]}
+
+
+def test_the_smollm2_record_holds_the_scripts_claims_and_their_decisions():
+    """Chapter 7 reads smollm2_context.json's stored decisions; they are the script's."""
+    from benchmarks.smollm2_context import CLAIMS, decide_claims
+
+    *_, data = _records()
+    smol = json.loads((data / "smollm2_context.json").read_text())
+    assert [c["claim"] for c in smol["claims"]] == [c[0] for c in CLAIMS]
+    assert smol["decided"] == decide_claims(smol["results"])  # recomputed from the blocks
