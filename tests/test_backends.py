@@ -363,3 +363,13 @@ def test_chunks_and_temperature_decode_through_the_kv_cache_as_one_pass(backend)
         MultiHeadAttention(16, 2, chunk=0)
     with pytest.raises(TypeError, match="temperature_tuning"):
         MultiHeadAttention(16, 2, temperature_tuning=3.0)
+
+
+def test_auto_takes_the_undocumented_key_row_on_the_cpu_only():
+    """On a GPU (and any device but the CPU) no run of ``attn_mask`` with ``is_causal`` is
+    recorded, so the rules answer False without probing: ``"auto"`` makes the documented
+    call there. (Before, the probe ran on CUDA at one shape and its answer was trusted.)"""
+    for device_type in ("cuda", "xpu", "hpu", "mps"):
+        assert backends.key_bias_supported(torch.device(device_type), torch.float32, False,
+                                           64) is False
+    assert backends.cache_info()["key_bias_probes"].get(("cuda", torch.float32, False, 64)) is None

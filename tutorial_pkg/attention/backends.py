@@ -38,12 +38,14 @@ tolerance (tested for every encoding). ``compile`` matters to ``"flex"`` only.
   ``(1 or b, H, 1, L_k)`` in q's dtype (:func:`auto_key_bias`, :func:`sdpa_key_bias`).
   PyTorch documents that pair of arguments as an error ("An error is thrown if both
   attn_mask and is_causal are set"); torch 2.13's CPU kernel takes it and computes the
-  causal softmax with the row added, which the package's tests check on the CPU. On CUDA
-  it is unverified: no GPU run of it is recorded. So the path is taken only where
-  :func:`~tutorial_pkg.attention._probe.key_bias_supported` has run the call on this device
-  type, dtype and head width, with the kernel PyTorch selects and each fused kernel alone,
-  forward and backward, within tolerance of a float64 reference; everywhere else ``"auto"`` is
-  ``"sdpa"``, the documented 4-D float mask (same numbers, an ``(H, L, L)`` table).
+  causal softmax with the row added, which the package's tests check on the CPU. So the
+  path is taken only on the CPU, where
+  :func:`~tutorial_pkg.attention._probe.key_bias_supported` has run the call at this dtype
+  and head width, with the kernel PyTorch selects and each fused kernel alone, forward and
+  backward, within tolerance of a float64 reference. On a GPU (and every other device type)
+  no run of the call is recorded, so ``"auto"`` is ``"sdpa"`` there, the documented 4-D
+  float mask (same numbers, an ``(H, L, L)`` table); :func:`probe_key_bias` runs the check
+  on any device for a record.
 
 Every float mask handed to a kernel has q's dtype (PyTorch documents "a float mask of the
 same type as query"; torch 2.13's CPU kernel misreads a float32 mask with float64 q on
