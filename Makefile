@@ -45,17 +45,17 @@ wheel-check:
 	$(BIN)/python .ci/wheel_check.py
 
 nbval:
-	$(BIN)/python -m pytest --nbval --nbval-current-env --nbval-sanitize-with tests/sanitize.cfg book -q
+	CUDA_VISIBLE_DEVICES= $(BIN)/python -m pytest --nbval --nbval-current-env --nbval-sanitize-with tests/sanitize.cfg book -q
 
 ## nbval-colab: every chapter as on Colab (fresh .venv-colab, chapter alone outside the repo,
 ## its first cell clones this tree and pip-installs from it), outputs compared
 nbval-colab:
-	$(BIN)/python .ci/colab_nbval.py
+	CUDA_VISIBLE_DEVICES= $(BIN)/python .ci/colab_nbval.py
 
 ## nbval-cpu: nbval under another CPU-kernel setting (CPU=avx2 or CPU=default): another CPU's rounding
 CPU ?= default
 nbval-cpu:
-	ATEN_CPU_CAPABILITY=$(CPU) $(BIN)/python -m pytest --nbval --nbval-current-env --nbval-sanitize-with tests/sanitize.cfg book -q
+	CUDA_VISIBLE_DEVICES= ATEN_CPU_CAPABILITY=$(CPU) $(BIN)/python -m pytest --nbval --nbval-current-env --nbval-sanitize-with tests/sanitize.cfg book -q
 
 build:
 	$(BIN)/jupyter-book build . -W -n --keep-going --all
