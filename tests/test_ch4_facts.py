@@ -177,3 +177,13 @@ def test_softcapping_defaults(hf):
     transformers = hf[0]
     assert transformers.Gemma2Config().attn_logit_softcapping == 50.0
     assert transformers.Gemma3TextConfig().attn_logit_softcapping is None
+
+
+def test_transformers_cache_position_survives_only_for_remote_code(hf):
+    """Cell 69: in 5.24 generate builds cache_position only for remote-code models."""
+    _, _, hf_generation, _ = hf
+    src = inspect.getsource(hf_generation)
+    assert ("cache_position = torch.arange(sequence_length, device=input_ids.device) "
+            "+ past_seen_tokens") in src
+    assert 'self.is_remote_code() and "cache_position" in' in src
+    assert "removed from the Transformers library" in src
