@@ -44,7 +44,8 @@ tolerance (tested for every encoding). ``compile`` matters to ``"flex"`` only.
   and head width, with the kernel PyTorch selects and each fused kernel alone, forward and
   backward, within tolerance of a float64 reference. On a GPU (and every other device type)
   no run of the call is recorded, so ``"auto"`` is ``"sdpa"`` there, the documented 4-D
-  float mask (same numbers, an ``(H, L, L)`` table); :func:`probe_key_bias` runs the check
+  float mask (same numbers, an ``(H, L, L)`` table);
+  :func:`~tutorial_pkg.attention._probe.probe_key_bias` runs the check
   on any device for a record.
 
 Every float mask handed to a kernel has q's dtype (PyTorch documents "a float mask of the
