@@ -24,8 +24,8 @@ This run adds, as new variants only:
 
 Same tasks, sizes, steps, optimiser and seeds (5-24) as the stored record, and the same test
 sequences per seed (test seed ``TEST_SEED_BASE + seed``): every comparison with a stored
-variant is paired by seed. The package has no public option for the two controls, so they are
-built here (:func:`train_control`, ``train_task``'s loop with the two changes); before the
+variant is paired by seed. The two controls are ``train_task`` with a ``param_groups`` callable
+that makes the two changes (:func:`train_control`); before the
 run, on seed 5, init+lr together must reproduce the stored ``seed_alpha`` accuracies (and
 ``alpha = 1`` the stored ``rope``) within :data:`CHECK_TOL`.
 
@@ -47,7 +47,6 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -56,15 +55,12 @@ import benchmarks.extrapolation_seeds as ch6  # noqa: E402
 import tutorial_pkg  # noqa: E402
 from tutorial_pkg.encodings.builtin import Hybrid  # noqa: E402
 from tutorial_pkg.experiments.tasks import (  # noqa: E402
-    IGNORE,
     TASKS,
     evaluate_task,
-    task_batch,
     test_batches,
     train_task,
 )
 from tutorial_pkg.measure.cases import hardware_info  # noqa: E402
-from tutorial_pkg.models.tiny_lm import TinyLM  # noqa: E402
 
 OUT = "book/data/hybrid_ablation.json"
 STORED = "book/data/hybrid_results.json"
@@ -145,36 +141,25 @@ def git(*args):
 
 
 def train_control(task, seed, *, init_scale=1.0, lr_scale=1.0, steps=ch6.TASK_STEPS,
-                  bias_scale=0.5, encoding=None, encoding_kwargs=None, device="cpu"):
-    """``train_task``'s loop for the half-slope hybrid with W_q multiplied by ``init_scale``
-    after construction and trained at ``lr_scale`` times the learning rate (its own AdamW group,
+                  bias_scale=0.5, device="cpu"):
+    """``train_task`` for the half-slope hybrid with W_q multiplied by ``init_scale`` after
+    construction and trained at ``lr_scale`` times the learning rate (its own AdamW group,
     ``eps`` divided by ``lr_scale``). Returns ``(accuracy per length, model)``."""
-    if encoding is None:
-        encoding = Hybrid(D_MODEL // N_HEADS, N_HEADS, bias_scale=bias_scale)
-    model = TinyLM(encoding, vocab_size=VOCAB, d_model=D_MODEL, n_layers=1, n_heads=N_HEADS,
-                   seed=seed, encoding_kwargs=encoding_kwargs).to(device)
-    attn = model.blocks[0].attn
-    assert attn.q_proj.bias is None  # W_q x: nothing else to rescale
-    w_q = attn.q_proj.weight
-    with torch.no_grad():
-        w_q.mul_(init_scale)
     eps = torch.optim.AdamW([torch.zeros(1)]).defaults["eps"]
-    rest = [p for p in model.parameters() if p is not w_q]
-    opt = torch.optim.AdamW([{"params": rest},
-                             {"params": [w_q], "lr": lr_scale * LR, "eps": eps / lr_scale}],
-                            lr=LR, weight_decay=0.0)
-    gen = torch.Generator().manual_seed(seed)
-    for _ in range(steps):
-        x, y = task_batch(task, BATCH, ch6.TASK_TRAIN_LEN, gen, vocab=VOCAB)
-        logits = model(x.to(device))
-        loss = F.cross_entropy(logits.flatten(0, 1), y.to(device).flatten(), ignore_index=IGNORE)
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-    model.eval()
-    scores = evaluate_task(model, test_batches(task, ch6.TEST_SEED_BASE + seed,
-                                               ch6.TASK_EVAL_LENS))
-    return {n: r["accuracy"] for n, r in scores.items()}, model
+
+    def groups(model):
+        attn = model.blocks[0].attn
+        assert attn.q_proj.bias is None  # W_q x: nothing else to rescale
+        w_q = attn.q_proj.weight
+        with torch.no_grad():
+            w_q.mul_(init_scale)
+        rest = [p for p in model.parameters() if p is not w_q]
+        return [{"params": rest}, {"params": [w_q], "lr": lr_scale * LR, "eps": eps / lr_scale}]
+
+    return train_task(task, Hybrid(D_MODEL // N_HEADS, N_HEADS, bias_scale=bias_scale), seed,
+                      steps=steps, train_len=ch6.TASK_TRAIN_LEN, eval_lens=ch6.TASK_EVAL_LENS,
+                      test_seed=ch6.TEST_SEED_BASE + seed, device=device, param_groups=groups,
+                      lr=LR, batch=BATCH, d_model=D_MODEL, n_heads=N_HEADS, vocab=VOCAB)
 
 
 def train_variant(label, task, seed, steps, device):

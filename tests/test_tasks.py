@@ -80,3 +80,28 @@ def test_test_batches_evaluate_and_ablations():
     assert 0 <= far <= 1
     windowed = with_encoding(model, "hybrid", window=8)
     assert far_attention(windowed, x, 8) == 0.0  # a window of 8 hides every key 8 back
+
+
+def test_param_groups_seam():
+    """One group is the default; a group of its own trains a weight at its own lr (0 freezes
+    it) after the callable changed it in place; a non-callable is refused."""
+    kw = dict(steps=3, eval_lens=(32,), eval_batch=4)
+    base_acc, base = train_task("latest", "rope", 1, **kw)
+    same_acc, same = train_task("latest", "rope", 1, param_groups=lambda m: m.parameters(), **kw)
+    assert base_acc == same_acc
+    assert all(torch.equal(a, b) for a, b in zip(base.parameters(), same.parameters()))
+
+    start = {}
+
+    def frozen_q(model):
+        w = model.blocks[0].attn.q_proj.weight
+        with torch.no_grad():
+            w.mul_(0.5)
+        start["w"] = w.detach().clone()
+        return [{"params": [p for p in model.parameters() if p is not w]},
+                {"params": [w], "lr": 0.0}]
+
+    _, model = train_task("latest", "rope", 1, param_groups=frozen_q, **kw)
+    assert torch.equal(model.blocks[0].attn.q_proj.weight, start["w"])
+    with pytest.raises(TypeError, match="param_groups"):
+        train_task("latest", "rope", 1, param_groups=[], **kw)

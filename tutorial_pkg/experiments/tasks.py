@@ -22,7 +22,7 @@ Example:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -161,6 +161,7 @@ def train_task(
     vocab: int = 32,
     test_seed: int = 1000,
     device: str | torch.device = "cpu",
+    param_groups: Callable[[TinyLM], list[dict]] | None = None,
 ) -> tuple[dict[int, float], TinyLM]:
     """Train a one-layer TinyLM on a task of :func:`task_batch`; test it at ``eval_lens``.
 
@@ -178,21 +179,30 @@ def train_task(
             takes it.
         encoding_kwargs: extra arguments for a named encoding.
         device: where the model trains (batches are drawn on the CPU and moved there).
+        param_groups: called once with the model on ``device`` before training; returns
+            AdamW's parameter groups (each may set its own ``lr`` and ``eps``; ``lr`` is the
+            default of the others). It may change the weights in place first (an ablation
+            that rescales one matrix). ``None``: every parameter in one group.
 
     Returns:
         ``(accuracy, model)``: ``{length: top-1 accuracy over positions with a target}``
         and the trained model (eval mode).
 
     Raises:
-        TypeError, ValueError: for an unknown ``task``, a bad ``seed`` or ``steps``, and
+        TypeError, ValueError: for an unknown ``task``, a bad ``seed`` or ``steps``, a
+            ``param_groups`` that is not callable, and
             as :func:`task_batch` for bad sizes.
     """
     check_choice("task", task, TASKS)
     check_nonneg_int("seed", seed)
     check_positive_int("steps", steps)
+    if param_groups is not None and not callable(param_groups):
+        raise TypeError("param_groups must be a callable or None, "
+                        f"got {type(param_groups).__name__}")
     model = TinyLM(encoding, vocab_size=vocab, d_model=d_model, n_layers=1, n_heads=n_heads,
                    seed=seed, encoding_kwargs=encoding_kwargs).to(device)
-    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
+    groups = model.parameters() if param_groups is None else param_groups(model)
+    opt = torch.optim.AdamW(groups, lr=lr, weight_decay=0.0)
     gen = torch.Generator().manual_seed(seed)
     for _ in range(steps):
         x, y = task_batch(task, batch, train_len, gen, vocab=vocab)
