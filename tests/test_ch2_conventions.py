@@ -1,11 +1,14 @@
-"""The installed-library facts chapter 2 states in prose, held to the pinned transformers.
+"""The library facts and package behaviour chapter 2 states in prose, held here.
 
 Chapter 2 says that transformers' ``glm5_next`` text config refuses a RoPE dimension (its
-language layers take no RoPE) with the error "Expecting NoPE for the DSA attention layers", and
+language layers take no RoPE) with the error "Expecting NoPE for the DSA attention layers";
 that Hugging Face has no static NTK-aware ``rope_type``: its ``ROPE_INIT_FUNCTIONS`` lists
 ``linear``, ``dynamic``, ``yarn``, ``longrope``, ``llama3`` and ``proportional``, where the
-package names the static rule ``"ntk"``. These tests call transformers itself, so that a
-transformers that changed either fact fails here rather than leaving the chapter's prose stale.
+package names the static rule ``"ntk"``; which partial-RoPE class defaults GPT-J, GPT-NeoX,
+GLM-4 and GLM-4.5 have and that Qwen2 has q/k biases; and that the package's fast rotation,
+``apply_rope``, matches the reference ``_rope`` the chapter shows, within stated bounds. These
+tests call transformers and the package, so that a change to any of these facts fails here
+rather than leaving the chapter's prose stale.
 """
 
 from __future__ import annotations
@@ -32,3 +35,55 @@ def test_hugging_face_has_dynamic_ntk_but_no_static_ntk_rope_type():
     # the list chapter 2 names
     assert set(ROPE_INIT_FUNCTIONS) == {"linear", "dynamic", "yarn", "longrope", "llama3",
                                         "proportional"}
+
+
+def test_partial_rope_class_defaults_and_qwen2_biases():
+    """Chapter 2's partial-RoPE paragraph and its q/k-bias bullet: transformers' class defaults."""
+    from transformers.models.qwen2.modeling_qwen2 import Qwen2Attention
+
+    gptj = transformers.GPTJConfig()  # GPT-J 6B's shape: 64 of 256 features per head rotated
+    assert (gptj.rotary_dim, gptj.n_embd, gptj.n_head) == (64, 4096, 16)
+    assert gptj.n_embd // gptj.n_head == 256
+    neox = transformers.GPTNeoXConfig()
+    assert neox.rope_parameters["partial_rotary_factor"] == 0.25  # a quarter of each head
+    # the checkpoints' older key is read into it
+    assert transformers.GPTNeoXConfig(rotary_pct=0.5).rope_parameters[
+        "partial_rotary_factor"] == 0.5
+    assert transformers.GlmConfig().rope_parameters["partial_rotary_factor"] == 0.5  # GLM-4
+    assert transformers.Glm4MoeConfig().rope_parameters["partial_rotary_factor"] == 0.5  # 4.5
+    cfg = transformers.Qwen2Config(hidden_size=64, num_attention_heads=4, num_key_value_heads=2)
+    attn = Qwen2Attention(cfg, 0)
+    assert attn.q_proj.bias is not None and attn.k_proj.bias is not None
+
+
+@pytest.mark.parametrize("layout", ["interleaved", "half"])
+def test_fast_path_matches_the_reference_rotation(layout):
+    """Chapter 2 shows ``_rope`` and says: ``apply_rope`` gives its bits in the interleaved
+    layout; in the half layout it differs within float32's rounding of the two products, and
+    in bfloat16 in a few elements by one bfloat16 unit."""
+    import torch
+
+    from tutorial_pkg import RotaryEmbedding, apply_rope
+    from tutorial_pkg.encodings.rope import _rope
+
+    d_h = 64
+    x_ref = torch.randn(1, 8, 4096, d_h, generator=torch.Generator().manual_seed(8))
+    cos, sin = RotaryEmbedding(d_h, layout=layout).cos_sin(length=4096)  # float32 tables
+    for dtype in (torch.float32, torch.bfloat16):
+        x = x_ref.to(dtype)
+        fast = apply_rope(x, cos, sin, layout).float()
+        ref = _rope(x, cos, sin, layout).float()
+        if layout == "interleaved":
+            assert torch.equal(fast, ref)
+            continue
+        x1, x2 = x.float()[..., : d_h // 2], x.float()[..., d_h // 2 :]
+        c, s = cos.abs(), sin.abs()  # size of the two products of each output
+        size = torch.cat((x1.abs() * c + x2.abs() * s, x2.abs() * c + x1.abs() * s), -1)
+        diff = (fast - ref).abs()
+        if dtype == torch.float32:
+            assert (diff <= 2**-23 * size).all()
+        else:
+            big = torch.maximum(fast.abs(), ref.abs()).clamp(min=2.0**-126)
+            unit = 2.0 ** (torch.floor(torch.log2(big)) - 7)  # one bfloat16 unit there
+            assert (diff != 0).double().mean() < 1e-4  # a few elements ...
+            assert (diff <= unit + 2**-23 * size).all()  # ... by one unit at most
