@@ -6,7 +6,8 @@ that Hugging Face has no static NTK-aware ``rope_type``: its ``ROPE_INIT_FUNCTIO
 ``linear``, ``dynamic``, ``yarn``, ``longrope``, ``llama3`` and ``proportional``, where the
 package names the static rule ``"ntk"``; which partial-RoPE class defaults GPT-J, GPT-NeoX,
 GLM-4 and GLM-4.5 have and that Qwen2 has q/k biases; and that the package's fast rotation,
-``apply_rope``, matches the reference ``_rope`` the chapter shows, within stated bounds. These
+``apply_rope``, matches the reference ``_rope`` the chapter shows, within stated bounds, and
+that its float32 frequencies agree with Hugging Face's and Meta's form to the last bit. These
 tests call transformers and the package, so that a change to any of these facts fails here
 rather than leaving the chapter's prose stale.
 """
@@ -87,3 +88,19 @@ def test_fast_path_matches_the_reference_rotation(layout):
             unit = 2.0 ** (torch.floor(torch.log2(big)) - 7)  # one bfloat16 unit there
             assert (diff != 0).double().mean() < 1e-4  # a few elements ...
             assert (diff <= unit + 2**-23 * size).all()  # ... by one unit at most
+
+
+def test_inv_freq_is_rounded_once_and_matches_the_float32_form_to_the_last_bit():
+    """The frequencies chapter 2's precision section starts from: ``inv_freq`` is b^(-2j/d_h)
+    computed in float64 and rounded once; Hugging Face's and Meta's float32 form,
+    1 / b^(2j/d_h), agrees with it to the last bit."""
+    import torch
+
+    from tutorial_pkg import inv_freq
+
+    d_h = 128
+    theta64 = 10_000.0 ** (-torch.arange(0, d_h, 2, dtype=torch.float64) / d_h)
+    theta32 = inv_freq(d_h)
+    assert torch.equal(theta32, theta64.float())
+    hf_form = 1.0 / (10_000.0 ** (torch.arange(0, d_h, 2, dtype=torch.int64).float() / d_h))
+    assert ((theta32.double() - hf_form.double()).abs() <= 2**-23 * theta32.double()).all()
