@@ -89,7 +89,7 @@ def test_param_groups_seam():
     base_acc, base = train_task("latest", "rope", 1, **kw)
     same_acc, same = train_task("latest", "rope", 1, param_groups=lambda m: m.parameters(), **kw)
     assert base_acc == same_acc
-    assert all(torch.equal(a, b) for a, b in zip(base.parameters(), same.parameters()))
+    assert all(torch.equal(a, b) for a, b in zip(base.parameters(), same.parameters(), strict=True))
 
     start = {}
 
