@@ -105,3 +105,20 @@ def test_param_groups_seam():
     assert torch.equal(model.blocks[0].attn.q_proj.weight, start["w"])
     with pytest.raises(TypeError, match="param_groups"):
         train_task("latest", "rope", 1, param_groups=[], **kw)
+
+
+def test_evaluate_task_from_position_counts_only_later_targets():
+    from tutorial_pkg.experiments.tasks import IGNORE, evaluate_task, test_batches
+    _, model = train_task("offset", "rope", 2, steps=2, eval_lens=(32,), eval_batch=4)
+    batches = test_batches("offset", 7, (16, 48), batch=6)
+    whole = evaluate_task(model, batches)
+    assert evaluate_task(model, batches, from_position=0) == whole
+    past = evaluate_task(model, batches, from_position=16)
+    assert set(past) == {48}  # a length with no position past 16 is left out
+    x, y = batches[48]
+    with torch.no_grad():
+        pred = model(x).argmax(-1)
+    has = (y != IGNORE) & (torch.arange(48) >= 16)
+    assert past[48]["accuracy"] == ((pred == y) & has).sum().item() / has.sum().item()
+    with pytest.raises((TypeError, ValueError), match="from_position"):
+        evaluate_task(model, batches, from_position=-1)

@@ -121,8 +121,14 @@ def test_batches(
 
 
 @torch.no_grad()
-def evaluate_task(model: torch.nn.Module, batches: dict) -> dict[int, dict[str, float]]:
+def evaluate_task(
+    model: torch.nn.Module, batches: dict, *, from_position: int = 0
+) -> dict[int, dict[str, float]]:
     """Top-1 accuracy of ``model`` on each length of ``batches`` (:func:`test_batches`).
+
+    ``from_position`` (int >= 0) counts only the targets at positions ``>= from_position``
+    (e.g. the trained length: accuracy past it alone); a length with no such target is
+    left out of the result.
 
     Returns ``{length: {"accuracy", "se"}}``: the accuracy over every position with a target,
     and its standard error over the test windows (the windows are independent draws; a
@@ -130,11 +136,15 @@ def evaluate_task(model: torch.nn.Module, batches: dict) -> dict[int, dict[str, 
     ``sqrt(sum_w (c_w - acc t_w)^2 / (W (W - 1))) / mean_w t_w`` for ``c_w`` correct of
     ``t_w`` targets in window ``w``). It measures the **test-set noise** of one model.
     """
+    check_nonneg_int("from_position", from_position)
     device = next(model.parameters()).device
     out = {}
     for n, (x, y) in batches.items():
+        if y.shape[1] <= from_position:
+            continue
         pred, y = model(x.to(device)).argmax(-1), y.to(device)
         has = y != IGNORE
+        has[:, :from_position] = False
         c, t = ((pred == y) & has).sum(1).double(), has.sum(1).double()  # per window
         acc = (c.sum() / t.sum()).item()
         w = c.numel()
