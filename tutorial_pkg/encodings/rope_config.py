@@ -36,7 +36,7 @@ Where none of them decides (a ``model_type`` it does not know, or a dict without
 
 **Family rules** a config does not state either: GPT-J's code hard-codes the base
 10000 and rotates ``rotary_dim`` features (its key, a count, not a fraction) of
-``n_embd // n_head``; Gemma 4 gives its global layers their own ``head_dim``: in its
+``n_embd // n_head``; Gemma 4 gives its global layers their own ``head_dim``: in a
 ``config.json`` as ``global_head_dim`` (512 where absent, as ``Gemma4TextConfig`` reads it),
 in ``config.to_dict()`` as ``per_layer_config`` (layer index -> overrides); either is read
 for the ``layer_type`` asked for, as transformers' ``config.per_layer_config[layer_type]``
@@ -240,10 +240,10 @@ def _rope_dict(config: dict, layer_type: str | None) -> tuple[dict, bool]:
 def _gemma4_file_form(config: dict, layer_type: str | None) -> dict:
     """A Gemma 4 ``config.json`` read as ``Gemma4TextConfig`` reads it.
 
-    The released files give the global layers' head size as ``global_head_dim`` and have no
-    ``per_layer_config``; ``Gemma4TextConfig`` makes that key (512 where absent) the
-    ``head_dim`` of every ``full_attention`` layer, and ignores it where ``per_layer_config``
-    is given. Other families have no such key: there it is refused, not dropped.
+    A file without ``per_layer_config`` states the global layers' head size as
+    ``global_head_dim`` (the key ``Gemma4TextConfig`` takes); the class makes it (512 where
+    absent) the ``head_dim`` of every ``full_attention`` layer, and ignores it where
+    ``per_layer_config`` is given. Other families have no such key: there it is refused, not dropped.
     """
     if config.get("model_type") != "gemma4_text":
         if config.get("global_head_dim") is not None:
