@@ -64,3 +64,21 @@ def test_chapter_7_sinusoidal_variants_unscaled_and_scaled_to_the_embeddings_rms
     assert scaled["encoding"] == "sinusoidal"
     # table RMS 1/sqrt(2) times scale == the embeddings' 0.02
     assert math.isclose(scaled["kwargs"]["scale"] / math.sqrt(2), 0.02, rel_tol=1e-9)
+
+
+def test_chapter_1_control_retrains_the_pilot_model_from_its_record():
+    # chapter 1's control rebuilds the pilot's ExperimentConfig from the stored config and the
+    # stored variant; that stays possible, and the record holds what the control reads
+    from tutorial_pkg.experiments.training import ExperimentConfig
+
+    record = json.loads((ROOT / "book/data/extrapolation_results.json").read_text())
+    seed = record["seeds"][0]
+    ratios = (1, 2, 4, 8)
+    cfg = ExperimentConfig(**{**record["config"], "eval_multiples": ratios, "seed": seed})
+    trained = {t["encoding"]: t for t in record["training"] if t["seed"] == seed}
+    assert cfg.steps == trained["sinusoidal_scaled"]["steps"]
+    rows = {r["ratio"]: r for r in record["fixed_targets"] if r["seed"] == seed
+            and r["encoding"] == "sinusoidal_scaled" and r["scaling"] == "none"}
+    assert sorted(rows) == list(ratios)
+    assert len({(r["target_len"], r["n_blocks"]) for r in rows.values()}) == 1
+    assert all(r["eval_len"] == k * cfg.train_len for k, r in rows.items())
