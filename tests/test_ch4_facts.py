@@ -1,8 +1,11 @@
 """Facts chapter 4 (book/04_attention.ipynb) states in its prose, checked here rather than in
 hidden cells: the quoted documentation of the installed torch and of the pinned transformers,
-the package's own ``and_masks``, the recorded benchmark's pairing, the probe's shape and the
-kept table's size. A transformers other than the pinned 5.24 fails loudly: the chapter quotes
-that version's source."""
+the package's own ``and_masks``, the recorded benchmark's pairing and shared orders, the
+probe's shape and the kept table's size, the rotate variants (QK-norm before RoPE, partial
+rotary) and the slot/position formulas against transformers' code. The details of "auto"'s
+CPU check and of Flex on the CPU, which the chapter states in one paragraph, live here.
+A transformers other than the pinned 5.24 fails loudly: the chapter quotes that version's
+source."""
 
 import ast
 import importlib.metadata
@@ -187,3 +190,169 @@ def test_transformers_cache_position_survives_only_for_remote_code(hf):
             "+ past_seen_tokens") in src
     assert 'self.is_remote_code() and "cache_position" in' in src
     assert "removed from the Transformers library" in src
+
+
+# ---- what the chapter no longer teaches in its cells: "auto"'s checks on the CPU ----------
+
+
+def test_auto_checks_the_key_row_per_probe_key_on_the_cpu():
+    """The chapter says "auto" takes the key row on a CPU only where a check of the call
+    passes, never for 16-bit inputs. The check: ``key_bias_supported`` keeps one answer per
+    key (device type, dtype, whether key/value heads are shared (GQA), head width); before
+    the first key-row call for a key it runs ``probe_key_bias`` once, forward and backward, at
+    one small shape (2 heads, 16 tokens, keys from position 4096, the layer's head width),
+    with the kernel PyTorch selects and each fused kernel alone. Its tolerance is not the
+    chapter table's: a largest error of at most 1e-3 times the reference's largest value (at
+    least 1) in float32 and float64 (the table uses 1e-3 and 1e-12 absolute, to show the
+    float64 result is right to rounding). Where the answer is no, "auto" computes "sdpa"'s
+    documented 4-D mask. On a GPU it runs no check: SDPA there picks its kernel by shape, so
+    a check at one shape would not cover the kernels other shapes reach."""
+    from tutorial_pkg.attention import _probe
+
+    cpu = torch.device("cpu")
+    for dtype in (torch.float32, torch.float64):
+        assert _probe.key_bias_supported(cpu, dtype, False) is True  # the chapter's row_here
+    assert _probe.probe_key_bias(cpu, torch.bfloat16, False) is False  # the row rounds
+    doc = " ".join(_probe.probe_key_bias.__doc__.split())
+    assert "at most 1e-3 times the reference's largest value (at least 1)" in doc
+    assert "forward and gradients" in doc
+    # the layer: "auto" with the key row == "sdpa" with the documented 4-D mask
+    layer = tp.MultiHeadAttention(32, 4, tp.ALiBi(4), backend="sdpa")
+    auto = tp.MultiHeadAttention(32, 4, layer.encoding, backend="auto")
+    auto.load_state_dict(layer.state_dict())
+    x = torch.randn(2, 40, 32)
+    with torch.no_grad():
+        torch.testing.assert_close(auto(x), layer(x), atol=1e-5, rtol=1e-4)
+
+
+def test_flex_on_the_cpu_runs_short_calls_eagerly_and_falls_back_with_a_warning():
+    """Cell 28's one sentence on the fallback, and what the chapter no longer prints: on the
+    CPU the package runs Flex calls shorter than one 128-token tile eagerly (uncompiled), and
+    a Flex layer called with gradients on (no CPU backward) computes "sdpa" and warns once."""
+    from tutorial_pkg.attention import _flex
+
+    assert _flex.FLEX_TILE == 128
+    ok, why = tp.backends.flex_available()
+    if not ok:
+        pytest.skip(why)
+    layer = tp.MultiHeadAttention(32, 4, tp.ALiBi(4), backend="flex")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        layer(torch.randn(1, 16, 32))
+    messages = [str(w.message) for w in caught if w.category is RuntimeWarning]
+    assert len(messages) == 1 and "falls back to sdpa" in messages[0]
+
+
+def test_benchmark_orders_are_shared_by_the_groups_of_a4_and_a8():
+    """Cell 26's caveat: one order per case, reused in every group of A4 and of A8."""
+    recorded = json.loads((ROOT / "book" / "data" / "benchmark_cpu.json").read_text())
+    decided = {d["id"]: d for d in recorded["decided"]}
+    for key, pair in (("A8", ("alibi/sdpa", "alibi/auto")), ("A4", ("alibi/auto", "nope/sdpa"))):
+        for case in pair:
+            orders = {tuple(r["round_positions"]) for r in recorded["records"]
+                      if r["case"] == case and r["group"] in decided[key]["groups"]}
+            assert len(orders) == 1, (key, case)
+    assert decided["A8"]["rounds"] == 3 * len(next(iter(orders)))
+
+
+# ---- the rotate variants, held to transformers' source --------------------------------------
+
+
+def _forward_source(module_name, class_name):
+    import importlib
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        module = importlib.import_module(f"transformers.models.{module_name}")
+    cls = getattr(module, class_name)
+    return inspect.getsource(cls.__init__), inspect.getsource(cls.forward)
+
+
+@pytest.mark.parametrize("module_name, class_name, per_head", [
+    ("qwen3.modeling_qwen3", "Qwen3Attention", True),
+    ("gemma3.modeling_gemma3", "Gemma3Attention", True),
+    ("olmo2.modeling_olmo2", "Olmo2Attention", False),
+])
+def test_qk_norm_comes_before_rope(hf, module_name, class_name, per_head):
+    """The QK-norm cell: q_norm and k_norm before apply_rotary_pos_emb; per head in Qwen3
+    and Gemma 3, over the whole projection in OLMo 2."""
+    init, forward = _forward_source(module_name, class_name)
+    rope_at = forward.index("apply_rotary_pos_emb(query_states, key_states, cos, sin)")
+    assert -1 < forward.index("self.q_norm(") < rope_at
+    assert -1 < forward.index("self.k_norm(") < rope_at
+    if per_head:
+        assert "head_dim" in init.split("self.q_norm = ")[1].split("\n")[0]
+    else:
+        assert "config.num_attention_heads * self.head_dim" in init.split("self.q_norm = ")[1]
+    if module_name.startswith("qwen3"):
+        assert ("query_states = self.q_norm(self.q_proj(hidden_states).view(hidden_shape))"
+                in forward)
+
+
+def test_package_layer_applies_qk_norm_before_rope_like_qwen3(hf):
+    """The QK-norm cell's layer against transformers' Qwen3 rotation order, numerically."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        from transformers.models.qwen3.modeling_qwen3 import apply_rotary_pos_emb
+    d, s = 8, 6
+    norm = torch.nn.RMSNorm(d)
+    with torch.no_grad():
+        norm.weight.uniform_(0.5, 1.5)
+    q, k = torch.randn(1, 2, s, d), torch.randn(1, 2, s, d)
+    pos = torch.arange(s)
+    inv = 1.0 / (10000.0 ** (torch.arange(0, d, 2).float() / d))
+    emb = torch.cat([pos[:, None] * inv, pos[:, None] * inv], -1)[None]
+    theirs = apply_rotary_pos_emb(norm(q), norm(k), emb.cos(), emb.sin())
+    ours = tp.Rotary(d).rotate(norm(q), norm(k), pos, pos)
+    torch.testing.assert_close(ours[0], theirs[0])
+    torch.testing.assert_close(ours[1], theirs[1])
+
+
+def test_partial_rotary_is_gpt_neox_slice(hf):
+    """The partial-rotary cell: GPT-NeoX's slice, numerically and in its source."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        from transformers.models.gpt_neox import modeling_gpt_neox as neox
+    src = inspect.getsource(neox.apply_rotary_pos_emb)
+    assert "q_rot, q_pass = q[..., :rotary_dim], q[..., rotary_dim:]" in src
+    assert "q_embed = torch.cat([q_embed, q_pass], dim=-1)" in src
+    from transformers.models.gpt_neox import configuration_gpt_neox
+    from transformers.models.phi import modeling_phi
+
+    assert 'kwargs.pop("rotary_pct"' in inspect.getsource(configuration_gpt_neox)
+    assert "query_states[..., : self.rotary_ndims]" in inspect.getsource(
+        modeling_phi.PhiAttention.forward)
+    d, r, s = 16, 8, 5
+    q, k = torch.randn(1, 2, s, d), torch.randn(1, 2, s, d)
+    pos = torch.arange(s)
+    inv = 1.0 / (10000.0 ** (torch.arange(0, r, 2).float() / r))
+    emb = torch.cat([pos[:, None] * inv, pos[:, None] * inv], -1)[None]
+    theirs = neox.apply_rotary_pos_emb(q, k, emb.cos(), emb.sin())
+    ours = tp.Rotary(d, rotary_dim=r).rotate(q, k, pos, pos)
+    torch.testing.assert_close(ours[0], theirs[0])
+    torch.testing.assert_close(ours[1], theirs[1])
+
+
+# ---- slot and position, held to transformers' functions -------------------------------------
+
+
+def test_slots_and_positions_are_transformers(hf):
+    """Cell 69's two formulas with plain tensors: the step's mask on slots
+    (arange(q_len) + cache_len, key slot <= query slot, not padding) is transformers'
+    sdpa_mask at that q_offset, and the positions (cumsum of the attention mask minus one,
+    padding at 0) are generate's _prepare_position_ids_for_generation."""
+    _, _, hf_generation, hf_masking = hf
+    attention_mask = torch.tensor([[1] * 9, [0, 0] + [1] * 7])  # the chapter's batch, 3 steps on
+    positions = (attention_mask.cumsum(-1) - 1).masked_fill(attention_mask == 0, 0)
+    theirs = hf_generation.GenerationMixin._prepare_position_ids_for_generation(
+        None, torch.zeros(2, 9, dtype=torch.long), {"attention_mask": attention_mask})
+    assert torch.equal(positions, theirs)
+    assert positions[:, -1].tolist() == [8, 6]
+    for cache_len, q_len in ((8, 1), (6, 3)):  # one decoding step; a chunk after the cache
+        q_slots = torch.arange(q_len) + cache_len
+        key_slots = torch.arange(cache_len + q_len)
+        ours = (key_slots[None, :] <= q_slots[:, None])[None] & attention_mask.bool()[:, None, :]
+        hf_mask = hf_masking.sdpa_mask(batch_size=2, q_length=q_len, kv_length=cache_len + q_len,
+                                       q_offset=cache_len, attention_mask=attention_mask.bool(),
+                                       allow_is_causal_skip=False)
+        assert torch.equal(hf_mask[:, 0], ours), (cache_len, q_len)
