@@ -243,7 +243,8 @@ def _gemma4_file_form(config: dict, layer_type: str | None) -> dict:
     A file without ``per_layer_config`` states the global layers' head size as
     ``global_head_dim`` (the key ``Gemma4TextConfig`` takes); the class makes it (512 where
     absent) the ``head_dim`` of every ``full_attention`` layer, and ignores it where
-    ``per_layer_config`` is given. Other families have no such key: there it is refused, not dropped.
+    ``per_layer_config`` is given. Other families have no such key: there it is refused, not
+    dropped.
     """
     if config.get("model_type") != "gemma4_text":
         if config.get("global_head_dim") is not None:
