@@ -16,6 +16,7 @@ import json
 import re
 import subprocess
 import warnings
+from datetime import datetime
 from pathlib import Path
 
 import pytest
@@ -114,3 +115,19 @@ def test_pinned_falcon_has_alibi_or_rope_and_divides_alibi_by_sqrt_head_dim():
     assert "return not self.alibi" in inspect.getsource(FalconConfig)
     assert "alibi / math.sqrt(self.config.hidden_size // self.num_heads)" in inspect.getsource(
         modeling_falcon)
+
+
+def test_the_main_family_was_written_before_its_run_and_the_record_is_done():
+    rec = _record()
+    written = datetime.fromisoformat(rec["claims_written"])
+    ended = datetime.fromisoformat(rec["hardware_end"]["date"])
+    assert rec["status"] == "done"
+    assert (ended - written).total_seconds() >= rec["run_time_s"] - 5  # written when it started
+
+
+def test_the_ablation_pairs_with_the_main_record_and_ran_from_its_familys_commit():
+    abl = json.loads((DATA / "hybrid_ablation.json").read_text())
+    rec = _record()
+    assert abl["seeds"] == rec["seeds"] and abl["stored"]["commit"] == rec["commit"]
+    assert abl["commit"] == abl["claims_commit"]  # run from the commit that holds the family
+    assert abl["status"] == "done" and abl["claims_written"] < abl["started"]
