@@ -51,3 +51,21 @@ def test_bfloat16_sdpa_layer_hands_a_shifted_bfloat16_mask(layers):
     handed = kernel.call_args.kwargs["attn_mask"]
     assert handed.dtype == torch.bfloat16  # rounded to q's dtype, not kept in float32
     assert (handed.amax(-1) == 0).all()  # each row's largest visible value is 0: shifted first
+
+
+def test_falcon_record_labels_each_value_by_its_source():
+    """book/data/falcon_configs.json, which chapter 3 reads: a 'transcription' names a pinned copy
+    of config.json (repo, path, 40-hex commit); the card's values say they are the card's and
+    name no copy."""
+    import json
+    import re
+    from pathlib import Path
+
+    record = json.loads((Path(__file__).resolve().parents[1] / "book/data/falcon_configs.json")
+                        .read_text(encoding="utf-8"))["models"]
+    seven, rw = record["Falcon-7B"], record["Falcon-RW-1B"]
+    assert seven["provenance"] == "transcription" and seven["keys"]["alibi"] is False
+    assert seven["copy"]["path"].endswith("config.json")
+    assert re.fullmatch(r"[0-9a-f]{40}", seven["copy"]["commit"])
+    assert rw["provenance"] == "model card" and rw["copy"] is None and rw["keys"]["alibi"] is True
+    assert rw["keys"]["d_model"] % rw["keys"]["head_dim"] == 0  # the chapter derives the heads
