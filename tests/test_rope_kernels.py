@@ -267,6 +267,20 @@ def test_fused_rope_equals_eager():
 
 
 @slow
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_fused_rope_rounds_16_bit_once_from_float32_tables(dtype):
+    # the fused path must round as the eager one: float32 tables, x upcast, one rounding
+    # (it used to round the tables to x's dtype first: 76 % of bf16 elements nearest)
+    fused, eager = RotaryEmbedding(64, fused=True), RotaryEmbedding(64)
+    x = torch.randn(1, 2, 256, 64).to(dtype)
+    want = float64_rope(x, torch.arange(256), 64).to(dtype)  # nearest value of the exact
+    got, eager_got = fused.rotate(x), eager.rotate(x)
+    assert got.dtype == dtype
+    assert (got == eager_got).double().mean().item() > 0.999  # a float32 FMA may differ
+    assert (got == want).double().mean().item() > 0.99  # float32 tables: rare misses
+
+
+@slow
 def test_fused_rope_positions_scaling_and_gradients():
     # the fused path keeps its own cast cos/sin table per dtype: it must follow explicit
     # positions, a change of scaling and cache growth, and it must train like the eager one

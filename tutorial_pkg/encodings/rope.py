@@ -565,12 +565,13 @@ class RotaryEmbedding(nn.Module):
     # ----------------------------------------------------------------------- rotation
     def _rotate(self, tables, *xs: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """Rotate tensors of one dtype and device by the ``(cos, sin, rows)`` of
-        :meth:`_tables`: fused (one compiled call on the stacked tables in their dtype),
+        :meth:`_tables`: fused (one compiled call on the stacked float32 tables),
         else :func:`~tutorial_pkg.encodings.rope_kernels.rotate_pairs`."""
         cos, sin, rows = tables
         x = xs[0]
         if self.fused and self.layout == "half" and self.rotary_dim == self.head_dim:
-            out = fused_rope(torch.stack((cos, sin), dim=-2).to(x.device, x.dtype), *xs)
+            compute = torch.promote_types(x.dtype, torch.float32)  # 16-bit: float32 tables
+            out = fused_rope(torch.stack((cos, sin), dim=-2).to(x.device, compute), *xs)
             if out is not None:
                 return out
         return rotate_pairs(cos.to(x.device), sin.to(x.device), self.layout, *xs)

@@ -212,13 +212,15 @@ def _rope_half_blocked(x: torch.Tensor, per_slice: int, step: int, cos_blocks,
 def _rope_half_body(x: torch.Tensor, cs: torch.Tensor) -> torch.Tensor:
     """The rotation ``torch.compile`` fuses into one kernel (half layout).
 
-    ``cs`` is ``[s, 2, d/2]``: ``cos`` and ``sin`` stacked in ``x``'s dtype (one
-    table: one stream of loads per row).
+    ``cs`` is ``[s, 2, d/2]``: ``cos`` and ``sin`` stacked (one table: one stream of loads
+    per row) in the compute dtype, float32 for 16-bit ``x``: ``x`` is upcast inside the
+    kernel and each element rounded once to ``x``'s dtype, as the eager path does.
     """
     half = cs.shape[-1]
     cos, sin = cs[..., 0, :], cs[..., 1, :]
-    x1, x2 = x[..., :half], x[..., half:]
-    return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
+    xf = x.to(cs.dtype)  # fused into the kernel's loads: no extra pass
+    x1, x2 = xf[..., :half], xf[..., half:]
+    return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).to(x.dtype)
 
 
 def _rope_half_body_pair(q, k, cs):
@@ -245,7 +247,8 @@ def fused_rope(cs: torch.Tensor, *xs: torch.Tensor) -> tuple[torch.Tensor, ...] 
     """Rotate one or two tensors (half layout, full rotary) with one compiled kernel.
 
     Args:
-        cs: ``[..., s, 2, d/2]``: ``cos`` and ``sin`` stacked, in the dtype of ``xs``.
+        cs: ``[..., s, 2, d/2]``: ``cos`` and ``sin`` stacked, in the compute dtype
+            (float32 for 16-bit ``xs``, else theirs); the results are in the dtype of ``xs``.
         xs: ``x`` or ``q, k``, each ``[..., s, d]``, one dtype and device.
 
     Returns:
