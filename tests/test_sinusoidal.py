@@ -193,3 +193,20 @@ def test_rows_inside_the_cache_are_bit_identical_to_the_old_cache():
     far = calls[-1]  # far past it: the old table grew to 1040 rows, the new one does not
     torch.testing.assert_close(new(x, far), old(x, far), rtol=0, atol=1e-6)
     assert new.table.shape[0] == held < old.table.shape[0] == 1040
+
+
+def test_a_device_without_float64_gets_float32_rows_built_on_the_cpu():
+    # Apple's MPS has no float64: the rows are built in float64 on the CPU, then moved as
+    # float32 (a fake MPS tensor shows the path without an Apple machine; before, the
+    # float64 angles were made on the device itself)
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from tutorial_pkg.encodings.sinusoidal import _rows  # the module's cache and far rows
+
+    with FakeTensorMode(allow_non_fake_inputs=True):
+        table = sinusoidal_table(6, 8, device="mps")
+        assert table.device.type == "mps" and table.dtype == torch.float32
+        rows = _rows(torch.tensor([0, 5, 100000], device="mps"), 8, 10000.0)
+        assert rows.device.type == "mps" and rows.dtype == torch.float32
+    want = sinusoidal_table(6, 8)  # the CPU path is unchanged
+    torch.testing.assert_close(want, sinusoidal_table(torch.arange(6), 8), rtol=0, atol=0)

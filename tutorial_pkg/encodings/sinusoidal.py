@@ -73,8 +73,18 @@ def sinusoidal_table(
     return _rows(pos, dim, base).to(dtype)
 
 
+#: device types with no float64 (Apple's MPS): their rows are computed on the CPU
+NO_FLOAT64 = frozenset({"mps"})
+
+
 def _rows(positions: torch.Tensor, dim: int, base: float) -> torch.Tensor:
-    """``PE(p)`` for integer positions of any shape ``(...)``: float64 ``(..., dim)``."""
+    """``PE(p)`` for integer positions of any shape ``(...)``: float64 ``(..., dim)``.
+
+    On a device without float64 (:data:`NO_FLOAT64`) the rows are computed in float64 on the
+    CPU and returned there as float32, moved to the positions' device (one copy each way).
+    """
+    if positions.device.type in NO_FLOAT64:
+        return _rows(positions.cpu(), dim, base).float().to(positions.device)
     omega = sinusoidal_frequencies(dim, base).to(positions.device)
     angles = positions.to(torch.float64)[..., None] * omega  # float64: exact enough for big p
     return torch.stack((angles.sin(), angles.cos()), dim=-1).flatten(-2)  # interleave
@@ -95,7 +105,8 @@ class SinusoidalPositionalEmbedding(nn.Module):
     requested positions only, and not kept: serving 4 tokens at position 100000 costs 4
     rows, not a ``(100004, dim)`` table. Sizing the cache reads the largest position back,
     which is free for CPU positions only; positions on a GPU (or meta/fake tensors) always
-    get their rows computed directly, with no synchronisation.
+    get their rows computed directly, with no synchronisation (on Apple's MPS, which has no
+    float64, they are computed on the CPU: one copy each way).
 
     Args:
         dim: model dimension ``d`` (even).
