@@ -7,7 +7,9 @@ that Hugging Face has no static NTK-aware ``rope_type``: its ``ROPE_INIT_FUNCTIO
 package names the static rule ``"ntk"``; which partial-RoPE class defaults GPT-J, GPT-NeoX,
 GLM-4 and GLM-4.5 have and that Qwen2 has q/k biases; and that the package's fast rotation,
 ``apply_rope``, matches the reference ``_rope`` the chapter shows, within stated bounds, and
-that its float32 frequencies agree with Hugging Face's and Meta's form to the last bit. These
+that its float32 frequencies lie within one float32 unit of Hugging Face's and Meta's form;
+and that ``glm5_next``'s vision tower, unlike its language layers, does rotate (its
+``Glm5NextVisionRotaryEmbedding`` and ``apply_rotary_pos_emb_vision``). These
 tests call transformers and the package, so that a change to any of these facts fails here
 rather than leaving the chapter's prose stale.
 """
@@ -90,10 +92,10 @@ def test_fast_path_matches_the_reference_rotation(layout):
             assert (diff <= unit + 2**-23 * size).all()  # ... by one unit at most
 
 
-def test_inv_freq_is_rounded_once_and_matches_the_float32_form_to_the_last_bit():
+def test_inv_freq_is_rounded_once_and_within_one_ulp_of_the_float32_form():
     """The frequencies chapter 2's precision section starts from: ``inv_freq`` is b^(-2j/d_h)
     computed in float64 and rounded once; Hugging Face's and Meta's float32 form,
-    1 / b^(2j/d_h), agrees with it to the last bit."""
+    1 / b^(2j/d_h), lies within one float32 unit of it (some entries differ by one)."""
     import torch
 
     from tutorial_pkg import inv_freq
@@ -104,3 +106,24 @@ def test_inv_freq_is_rounded_once_and_matches_the_float32_form_to_the_last_bit()
     assert torch.equal(theta32, theta64.float())
     hf_form = 1.0 / (10_000.0 ** (torch.arange(0, d_h, 2, dtype=torch.int64).float() / d_h))
     assert ((theta32.double() - hf_form.double()).abs() <= 2**-23 * theta32.double()).all()
+
+
+def test_glm5_next_vision_tower_rotates():
+    """Chapter 2: ``glm5_next`` takes no RoPE in its language layers, but its vision tower's
+    attention does: ``Glm5NextVisionAttention`` calls ``apply_rotary_pos_emb_vision``, a
+    ``rotate_half`` rotation, with the tables of ``Glm5NextVisionRotaryEmbedding``."""
+    import inspect
+
+    import torch
+    from transformers.models.glm5_next import modeling_glm5_next as g5n
+
+    assert hasattr(g5n, "Glm5NextVisionRotaryEmbedding")
+    assert "apply_rotary_pos_emb_vision(" in inspect.getsource(g5n.Glm5NextVisionAttention.forward)
+    from tutorial_pkg import apply_rope
+
+    x = torch.randn(5, 2, 8)  # [tokens, heads, head_dim], as the vision attention passes it
+    ang = torch.randn(5, 4)
+    cos, sin = torch.cat((ang, ang), -1).cos(), torch.cat((ang, ang), -1).sin()
+    q, _ = g5n.apply_rotary_pos_emb_vision(x, x, cos, sin)
+    ours = apply_rope(x.transpose(0, 1), ang.cos(), ang.sin(), layout="half").transpose(0, 1)
+    torch.testing.assert_close(q, ours)
