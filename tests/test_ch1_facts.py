@@ -82,3 +82,31 @@ def test_chapter_1_control_retrains_the_pilot_model_from_its_record():
     assert sorted(rows) == list(ratios)
     assert len({(r["target_len"], r["n_blocks"]) for r in rows.values()}) == 1
     assert all(r["eval_len"] == k * cfg.train_len for k, r in rows.items())
+
+
+def test_the_positions_control_record_holds_its_claims_before_its_run():
+    """book/data/ch1_positions_control.json: the script's claims, committed before the run
+    (the claims' commit is an ancestor of the run's), every pilot seed retrained to its record,
+    and the verdicts the rows give."""
+    import subprocess
+    import sys
+
+    sys.path.insert(0, str(ROOT))
+    import benchmarks.ch1_positions_control as ctl
+
+    record = json.loads((ROOT / ctl.OUT).read_text())
+    pilot = json.loads((ROOT / "book/data/extrapolation_results.json").read_text())
+    assert record["status"] == "done" and record["claims"] == ctl.CLAIMS
+    assert record["seeds"] == pilot["seeds"] == [r["seed"] for r in record["rows"]]
+    assert record["claims_written"] < record["started"]
+    known = subprocess.run(["git", "cat-file", "-e", record["claims_commit"]], cwd=ROOT,
+                           capture_output=True).returncode == 0
+    if known:  # a shallow clone may lack the history
+        git = subprocess.run(["git", "merge-base", "--is-ancestor", record["claims_commit"],
+                              record["commit"]], cwd=ROOT, capture_output=True)
+        assert git.returncode == 0
+    for row in record["rows"]:
+        assert row["check_max_abs_diff"] < record["check_tolerance"]
+        for k in ("2", "4", "8"):
+            assert abs(row["share"][k] - row["rise_moved"][k] / row["rise_long"][k]) < 1e-12
+    assert record["decided"] == ctl.decide(record["rows"])

@@ -126,3 +126,21 @@ def test_the_smollm2_record_holds_the_scripts_claims_and_their_decisions():
     smol = json.loads((data / "smollm2_context.json").read_text())
     assert [c["claim"] for c in smol["claims"]] == [c[0] for c in CLAIMS]
     assert smol["decided"] == decide_claims(smol["results"])  # recomputed from the blocks
+
+
+def test_the_records_chapter_1_tabulates_score_one_set_of_blocks():
+    """Chapter 1's hidden helper reads chapter 7's two records without checking their shape:
+    one row per seed for each model and length it reads, every row scored on one fixed set of
+    held-out blocks, and at 2L every scored byte past L."""
+    pilot, pre, _ = _records()
+    assert len(pre["seeds"]) == len(pilot["seeds"])
+    for rec in (pilot, pre):
+        for encoding in ("sinusoidal_scaled", "nope"):
+            for ratio in (1, 2, 4, 8):
+                rows = [r for r in rec["fixed_targets"] if r["encoding"] == encoding
+                        and r["ratio"] == ratio and r["scaling"] == "none"]
+                assert sorted(r["seed"] for r in rows) == sorted(rec["seeds"])
+    blocks = {(r["n_blocks"], r["n_tokens"]) for rec in (pilot, pre) for r in rec["fixed_targets"]}
+    assert len(blocks) == 1
+    at_2l = [r for rec in (pilot, pre) for r in rec["fixed_targets"] if r["ratio"] == 2]
+    assert all(r["context_len"] >= pilot["config"]["train_len"] for r in at_2l)
