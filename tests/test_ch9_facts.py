@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import inspect
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -109,3 +110,50 @@ def test_sdpa_masks_torch_fix_is_retired():
     doc = inspect.getdoc(masking_utils.sdpa_mask)
     at = doc.index("allow_torch_fix")
     assert "Deprecated and has no effect" in doc[at:at + 120]
+
+
+def _bug_numbers():
+    cells = json.loads(CHAPTER.read_text())["cells"]
+    return [int(m.group(1)) for c in cells if c["cell_type"] == "markdown"
+            for m in re.finditer(r"^## (\d+)\. ", "".join(c["source"]), re.M)]
+
+
+def test_the_map_the_headings_and_the_summary_count_the_same_bugs():
+    """Cell 0 names the count in words; each bug has a heading and one summary row, in order."""
+    numbers = _bug_numbers()
+    assert numbers == list(range(1, len(numbers) + 1)) and len(numbers) == 21
+    intro = _cell("1c1fa85f")
+    assert "reproduces twenty-one of them" in intro and "the twenty-one bugs" in intro
+    cells = json.loads(CHAPTER.read_text())["cells"]
+    table = next(c for c in cells if c.get("id") == "ch9-summary-table")
+    shown = "".join("".join(o["data"]["text/markdown"]) for o in table["outputs"] if "data" in o)
+    rows = [int(m.group(1)) for m in re.finditer(r"^\| (\d+)\. ", shown, re.M)]
+    assert rows == numbers
+
+
+def test_qwen2_5_vl_keeps_the_rope_delta_for_decoding():
+    """Bug 21's fix: get_rope_index returns the delta, the model keeps it as rope_deltas and adds
+    it to the cache length when it decodes."""
+    from transformers.models.qwen2_5_vl import modeling_qwen2_5_vl
+
+    model = modeling_qwen2_5_vl.Qwen2_5_VLModel
+    doc = inspect.getdoc(model.get_rope_index)
+    assert "position_ids (`torch.LongTensor` of shape `(3, batch_size, sequence_length)`)" in doc
+    assert "mrope_position_deltas" in doc
+    lines = _lines(model.compute_3d_position_ids)
+    assert "self.rope_deltas = rope_deltas" in lines
+    assert "position_ids = torch.arange(cache_length, cache_length + seq_length)" in lines
+    assert "position_ids = position_ids + delta.to(device=position_ids.device)" in lines
+
+
+def test_get_rope_index_reads_the_token_types_not_the_ids():
+    """Bug 21's detection passes zeros for the ids: only their shape and device are read."""
+    from transformers.models.qwen2_5_vl import modeling_qwen2_5_vl
+
+    source = inspect.getsource(modeling_qwen2_5_vl.Qwen2_5_VLModel.get_rope_index)
+    body = source.split('"""')[2]  # after the docstring
+    uses = [line.strip() for line in body.splitlines() if "input_ids" in line]
+    assert uses and all(re.search(r"input_ids\.(shape|dtype|device)|enumerate\(input_ids\)|"
+                                  r"current_input_ids\b", u) for u in uses)
+    assert "input_token_type = mm_token_type_ids[batch_idx]" in _lines(
+        modeling_qwen2_5_vl.Qwen2_5_VLModel.get_rope_index)
