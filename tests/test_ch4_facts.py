@@ -356,3 +356,81 @@ def test_slots_and_positions_are_transformers(hf):
                                        q_offset=cache_len, attention_mask=attention_mask.bool(),
                                        allow_is_causal_skip=False)
         assert torch.equal(hf_mask[:, 0], ours), (cache_len, q_len)
+
+
+# ---- moved out of the chapter: the A8/A4 records' shared orders, checked with rounds as clusters
+
+
+def test_a8_and_a4_with_each_round_as_one_cluster():
+    """The orders of A4's and A8's groups were drawn once and reused (the test above), so
+    their pooled rounds rest on one randomisation per round. Each round taken as one cluster
+    (its mean log ratio over the claim's lengths, a t interval at the family's confidence):
+    A8 still holds and A4 still straddles 1. The chapter states only A8's recorded verdict."""
+    from tutorial_pkg.experiments.stats import t_interval
+
+    recorded = json.loads((ROOT / "book" / "data" / "benchmark_cpu.json").read_text())
+    decided = {d["id"]: d for d in recorded["decided"]}
+    recs = {(r["case"], r["group"]): r for r in recorded["records"]}
+    clustered = {}
+    for key, (a, b) in (("A8", ("alibi/sdpa", "alibi/auto")), ("A4", ("alibi/auto", "nope/sdpa"))):
+        per_group = [[math.log(x / y) for x, y in zip(recs[a, g]["round_ratios"],
+                                                      recs[b, g]["round_ratios"], strict=True)]
+                     for g in decided[key]["groups"]]
+        clustered[key] = t_interval([sum(c) / len(c) for c in zip(*per_group, strict=True)],
+                                    confidence=decided[key]["confidence"])
+    assert decided["A8"]["verdict"] == "holds" and clustered["A8"]["low"] > 0
+    assert clustered["A4"]["low"] < 0 < clustered["A4"]["high"]
+    # the chapter's "4096 times at 4096 tokens": A8's longest length
+    lengths = {recs[("alibi/sdpa", g)]["params"]["seq_len"] for g in decided["A8"]["groups"]}
+    assert max(lengths) == 4096 and "L_A8 = 4096" in _cell_containing("a8 = ")
+
+
+def _cell_containing(text):
+    cells = json.loads(CHAPTER.read_text())["cells"]
+    (cell,) = [c for c in cells if text in "".join(c["source"])]
+    return "".join(cell["source"])
+
+
+def test_kept_table_side_is_the_longest_length_rounded_up_and_never_shrinks():
+    """The retention cell: side max(128, next power of two >= longest L seen), growing only;
+    deleting the layer (and so the encoding) frees it."""
+    import gc
+    import weakref
+
+    from tutorial_pkg.attention._caches import cached_tensors
+
+    layer = tp.MultiHeadAttention(16, 2, tp.ALiBi(2), backend="sdpa")
+    for length, side in ((64, 128), (129, 256), (300, 512), (40, 512)):
+        with torch.no_grad():
+            layer(torch.randn(1, length, 16))
+        assert [tuple(t.shape) for t in cached_tensors(layer.encoding)] == [(1, 2, side, side)]
+    table = weakref.ref(cached_tensors(layer.encoding)[0])
+    del layer
+    gc.collect()
+    assert table() is None
+
+
+def test_chapter_flex_comparison_runs_the_uncompiled_path_on_the_cpu(monkeypatch):
+    """Cells 30-31: at L_BACKEND (64 on the CPU) the Flex call is under one tile, so it runs
+    uncompiled; the compiled kernel is held by test_attention's
+    test_compiled_flex_equals_naive_below_and_above_one_tile (136 tokens)."""
+    from tutorial_pkg.attention import _flex, backends
+
+    assert "L_BACKEND = 1024 if LARGER else 64" in _cell("4b8c616e") and 64 < _flex.FLEX_TILE
+    ok, why = backends.flex_available()
+    if not ok:
+        pytest.skip(why)
+    chosen = []
+    real = backends.flex_kernel
+
+    def spy(compiled, dynamic=False):
+        chosen.append(compiled)
+        return real(False, dynamic)  # run eagerly either way: no compile in this test
+
+    monkeypatch.setattr(backends, "flex_kernel", spy)
+    layer = tp.MultiHeadAttention(32, 4, tp.ALiBi(4), backend="flex")
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        layer(torch.randn(1, 64, 32))
+        layer(torch.randn(1, 128, 32))
+    assert chosen == [False, True]
