@@ -9,7 +9,8 @@ GLM-4 and GLM-4.5 have and that Qwen2 has q/k biases; and that the package's fas
 ``apply_rope``, matches the reference ``_rope`` the chapter shows, within stated bounds, and
 that its float32 frequencies lie within one float32 unit of Hugging Face's and Meta's form;
 and that ``glm5_next``'s vision tower, unlike its language layers, does rotate (its
-``Glm5NextVisionRotaryEmbedding`` and ``apply_rotary_pos_emb_vision``). These
+``Glm5NextVisionRotaryEmbedding`` and ``apply_rotary_pos_emb_vision``); and that ``generate``
+takes left-padded rows' positions from ``attention_mask.cumsum(-1) - 1``, pads at 0. These
 tests call transformers and the package, so that a change to any of these facts fails here
 rather than leaving the chapter's prose stale.
 """
@@ -127,3 +128,16 @@ def test_glm5_next_vision_tower_rotates():
     q, _ = g5n.apply_rotary_pos_emb_vision(x, x, cos, sin)
     ours = apply_rope(x.transpose(0, 1), ang.cos(), ang.sin(), layout="half").transpose(0, 1)
     torch.testing.assert_close(q, ours)
+
+
+def test_generate_positions_are_the_mask_cumsum_minus_one_with_pads_at_zero():
+    """Chapter 2's exercise on left padding: transformers' ``generate`` takes each row's
+    positions from ``attention_mask.cumsum(-1) - 1`` and sets the pads' positions to 0
+    (``_prepare_position_ids_for_generation``, a private method, checked here, not in the book)."""
+    import torch
+    from transformers.generation.utils import GenerationMixin
+
+    mask = torch.tensor([[0, 0, 0, 1, 1, 1, 1, 1], [1, 1, 1, 1, 1, 1, 1, 1]])
+    hf_pos = GenerationMixin._prepare_position_ids_for_generation(
+        None, mask, {"attention_mask": mask})
+    assert torch.equal(hf_pos, (mask.cumsum(-1) - 1).masked_fill(mask == 0, 0))
