@@ -131,3 +131,55 @@ def test_the_ablation_pairs_with_the_main_record_and_ran_from_its_familys_commit
     assert abl["seeds"] == rec["seeds"] and abl["stored"]["commit"] == rec["commit"]
     assert abl["commit"] == abl["claims_commit"]  # run from the commit that holds the family
     assert abl["status"] == "done" and abl["claims_written"] < abl["started"]
+
+
+def _learned_slopes():
+    return json.loads((DATA / "ch6_learned_slopes.json").read_text())
+
+
+def test_the_learned_slopes_record_is_the_scripts_and_decides_its_claim():
+    import benchmarks.ch6_learned_slopes as ls
+
+    rec = _learned_slopes()
+    assert rec["status"] == "done" and rec["claims"] == ls.CLAIMS
+    assert rec["seeds"] == ls.SEEDS and rec["variant"] == list(seeds.TASK_VARIANTS[ls.LABEL])
+    assert (rec["train_len"], rec["eval_lens"], rec["steps"], rec["test_seed_base"]) == (
+        seeds.TASK_TRAIN_LEN, list(seeds.TASK_EVAL_LENS), seeds.TASK_STEPS, seeds.TEST_SEED_BASE)
+    assert sorted((r["seed"], r["task"]) for r in rec["records"]) == sorted(
+        (s, t) for s in ls.SEEDS for t in ("offset", "latest"))
+    assert all(len(r["c_h"]) == 4 for r in rec["records"])
+    assert rec["decided"] == ls.decide(rec["records"])
+    main = _record()
+    fresh = set(rec["seeds"])
+    assert not fresh & set(main["seeds"]) and not fresh & set(main["pilot"]["seeds"])
+
+
+def test_the_learned_slopes_claim_was_committed_before_the_run():
+    import benchmarks.ch6_learned_slopes as ls
+
+    rec = _learned_slopes()
+    try:
+        before = json.loads(subprocess.run(
+            ["git", "show", f"{rec['claims_commit']}:{ls.OUT}"], capture_output=True, text=True,
+            check=True, cwd=ROOT).stdout)
+        committed = subprocess.run(["git", "log", "-1", "--format=%cI", rec["claims_commit"]],
+                                   capture_output=True, text=True, check=True,
+                                   cwd=ROOT).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        pytest.skip("the claims' commit is not in this clone (shallow?)")
+    assert before["status"] == "claims" and "records" not in before
+    assert before["claims"] == rec["claims"] and rec["commit"] == rec["claims_commit"]
+    assert datetime.fromisoformat(committed) < datetime.fromisoformat(rec["started"])
+    assert datetime.fromisoformat(rec["claims_written"]) < datetime.fromisoformat(rec["started"])
+
+
+def test_the_chapters_decisions_are_the_records():
+    """Chapter 6 decides each family with paired_difference(method="sign_flip") and verdict."""
+    from tutorial_pkg.experiments.stats import bonferroni, paired_difference, verdict
+
+    main = _record()
+    conf = bonferroni(1 - main["alpha"], len(main["claims"]))
+    for c, d in zip(main["claims"], main["decided"], strict=True):
+        r = paired_difference(seeds.claim_values(main, c["a"]), seeds.claim_values(main, c["b"]),
+                              confidence=conf, method="sign_flip")
+        assert verdict(r, c["test"], c.get("margin")) == d["verdict"]
