@@ -373,3 +373,17 @@ def test_auto_takes_the_undocumented_key_row_on_the_cpu_only():
         assert backends.key_bias_supported(torch.device(device_type), torch.float32, False,
                                            64) is False
     assert backends.cache_info()["key_bias_probes"].get(("cuda", torch.float32, False, 64)) is None
+
+
+def test_layer_clear_cache_frees_its_encodings_tables():
+    # the public way to free what one long call left: tables of this encoding only
+    layer = MultiHeadAttention(16, 4, encoding=tp.make_encoding("alibi", n_heads=4), backend="sdpa")
+    other = tp.make_encoding("alibi", n_heads=4)
+    backends.cached_bias(other, 0, 8, 8, causal=True, device="cpu")
+    layer(torch.randn(1, 300, 16))
+    assert len(backends.cached_tensors(layer.encoding)) >= 1
+    layer.clear_cache()
+    assert backends.cached_tensors(layer.encoding) == []
+    assert len(backends.cached_tensors(other)) == 1  # another encoding's table is kept
+    layer(torch.randn(1, 10, 16))  # builds again
+    assert len(backends.cached_tensors(layer.encoding)) >= 1

@@ -50,6 +50,7 @@ from .._checks import (
 )
 from ..encodings.builtin import NoPE, PositionEncoding, check_learned_device
 from ..encodings.schedules import LayerSchedule
+from ._caches import clear_caches
 from .backends import BACKENDS, flex_available
 from .masks import AttentionPlan
 
@@ -413,6 +414,17 @@ class MultiHeadAttention(nn.Module):
     @backend.setter
     def backend(self, name: str) -> None:
         self._backend = check_choice("backend", name, BACKENDS)
+
+    def clear_cache(self) -> None:
+        """Free the bias tables and key rows the backends keep for this layer's encoding.
+
+        ``"sdpa"`` and ``"auto"`` keep one table per encoding, device, dtype and causal flag,
+        sized for the longest length seen (rounded up to a power of two) and never shrunk,
+        so one long call keeps a large table. This drops them for the encoding (every layer
+        that shares it); the next call builds what it needs again. A :class:`KVCache` is
+        the caller's, not touched here.
+        """
+        clear_caches(self.encoding)
 
     # ----------------------------------------------------------------------------- the plan
     def _attend(self, q, k, v, positions, key_padding_mask, document_ids, kv_cache,
