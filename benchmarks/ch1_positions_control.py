@@ -28,7 +28,6 @@ from __future__ import annotations
 import argparse
 import json
 import shlex
-import subprocess
 import sys
 import time
 from datetime import datetime, timezone
@@ -41,6 +40,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 import tutorial_pkg  # noqa: E402
+from benchmarks.preregister import committed_header, git, write_claims  # noqa: E402
 from tutorial_pkg.experiments.context_eval import fixed_target_windows  # noqa: E402
 from tutorial_pkg.experiments.data import load_splits  # noqa: E402
 from tutorial_pkg.experiments.training import ExperimentConfig, train  # noqa: E402
@@ -57,11 +57,6 @@ CLAIMS = [
     {"claim": "share falls from 2L to 8L", "rule": "share[8] < share[2] in every seed",
      "kind": "exploratory"},
 ]
-
-
-def git(*args):
-    return subprocess.run(["git", *args], capture_output=True, text=True, check=True,
-                          cwd=ROOT).stdout.strip()
 
 
 def header():
@@ -128,8 +123,7 @@ def main(argv=None):
     args = p.parse_args(argv)
     out = Path(args.out) if Path(args.out).is_absolute() else ROOT / args.out
     if args.claims_only:
-        out.write_text(json.dumps(header(), indent=1) + "\n")
-        print(f"wrote {len(CLAIMS)} claims into {out}; commit it before the run")
+        write_claims(out, header())
         return
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -140,13 +134,7 @@ def main(argv=None):
     else:
         if seeds != pilot["seeds"]:
             raise SystemExit(f"the recorded run uses the pilot's seeds {pilot['seeds']}")
-        pre = json.loads(out.read_text())
-        rel = str(out.relative_to(ROOT))
-        committed = json.loads(git("show", f"HEAD:{rel}"))
-        if pre["claims"] != CLAIMS or committed["claims"] != CLAIMS or pre["status"] != "claims":
-            raise SystemExit("the committed record does not hold these claims: --claims-only, "
-                             "commit, then run")
-        pre["claims_commit"] = git("log", "-1", "--format=%H", "--", rel)
+        pre = committed_header(out, CLAIMS)
     command = "python benchmarks/ch1_positions_control.py " + shlex.join(
         sys.argv[1:] if argv is None else argv)
     t0 = time.perf_counter()

@@ -28,6 +28,7 @@ sys.path.insert(0, str(ROOT))
 import benchmarks.extrapolation_seeds as ch6  # noqa: E402
 import benchmarks.hybrid_ablation as abl  # noqa: E402
 import tutorial_pkg  # noqa: E402
+from benchmarks.preregister import committed_header, write_claims  # noqa: E402
 from tutorial_pkg.experiments.tasks import TASKS, train_task  # noqa: E402
 from tutorial_pkg.measure.cases import hardware_info  # noqa: E402
 
@@ -65,18 +66,11 @@ def main(argv=None):
     args = p.parse_args(argv)
     out = ROOT / args.out
     if args.claims_only:
-        out.write_text(json.dumps(header(), indent=1) + "\n")
-        print(f"wrote the claims into {out}; commit it before the run")
+        write_claims(out, header())
         return
     if args.threads:
         torch.set_num_threads(args.threads)
-    pre = json.loads(out.read_text())
-    rel = str(out.relative_to(ROOT))
-    committed = json.loads(abl.git("show", f"HEAD:{rel}"))
-    if pre["claims"] != CLAIMS or committed["claims"] != CLAIMS or pre["status"] != "claims":
-        raise SystemExit("the committed record does not hold the claims: --claims-only, "
-                         "commit, then run")
-    pre["claims_commit"] = abl.git("log", "-1", "--format=%H", "--", rel)
+    pre = committed_header(out, CLAIMS)
     name, kwargs = ch6.TASK_VARIANTS[LABEL]
     payload = {**pre, "command": "python benchmarks/ch6_learned_slopes.py " + shlex.join(
                    sys.argv[1:] if argv is None else argv),

@@ -40,7 +40,6 @@ from __future__ import annotations
 import argparse
 import json
 import shlex
-import subprocess
 import sys
 import time
 from datetime import datetime, timezone
@@ -53,6 +52,7 @@ sys.path.insert(0, str(ROOT))
 
 import benchmarks.extrapolation_seeds as ch6  # noqa: E402
 import tutorial_pkg  # noqa: E402
+from benchmarks.preregister import committed_header, git, write_claims  # noqa: E402
 from tutorial_pkg.encodings.builtin import Hybrid  # noqa: E402
 from tutorial_pkg.experiments.tasks import (  # noqa: E402
     TASKS,
@@ -133,11 +133,6 @@ DESIGN = {
               "sweep was cut to two new alphas before the run to keep it under 40 min",
 }
 TEST = ch6.CH6_TEST
-
-
-def git(*args):
-    return subprocess.run(["git", *args], capture_output=True, text=True, check=True,
-                          cwd=ROOT).stdout.strip()
 
 
 def train_control(task, seed, *, init_scale=1.0, lr_scale=1.0, steps=ch6.TASK_STEPS,
@@ -288,8 +283,7 @@ def main(argv=None):
         print("\n".join(summary(json.loads(out.read_text()))))
         return
     if args.claims_only:
-        out.write_text(json.dumps(header(claims), indent=1) + "\n")
-        print(f"wrote the family ({len(claims)} claims) into {out}; commit it before the run")
+        write_claims(out, header(claims))
         return
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -297,13 +291,7 @@ def main(argv=None):
     if args.quick:
         pre = {**header(claims), "claims_written": None, "claims_commit": None}
     else:
-        pre = json.loads(out.read_text())
-        rel = str(out.relative_to(ROOT))
-        committed = json.loads(git("show", f"HEAD:{rel}"))
-        if pre["claims"] != claims or committed["claims"] != claims or pre["status"] != "claims":
-            raise SystemExit("the committed record does not hold this family: --claims-only, "
-                             "commit, then run")
-        pre["claims_commit"] = git("log", "-1", "--format=%H", "--", rel)
+        pre = committed_header(out, claims)
     stored = json.loads((ROOT / STORED).read_text())
     if not args.quick and stored["seeds"] != args.seeds:
         raise SystemExit(f"seeds must be the stored record's {stored['seeds']}")

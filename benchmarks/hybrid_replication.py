@@ -52,6 +52,7 @@ sys.path.insert(0, str(ROOT))
 import benchmarks.extrapolation_seeds as ch6  # noqa: E402
 import benchmarks.hybrid_ablation as abl  # noqa: E402
 import tutorial_pkg  # noqa: E402
+from benchmarks.preregister import committed_header, write_claims  # noqa: E402
 from tutorial_pkg.encodings.builtin import Hybrid  # noqa: E402
 from tutorial_pkg.experiments.tasks import (  # noqa: E402
     TASKS,
@@ -166,8 +167,7 @@ def main(argv=None):
     out = Path(args.out) if Path(args.out).is_absolute() else ROOT / args.out
     claims = [dict(c) for c in CLAIMS]
     if args.claims_only:
-        out.write_text(json.dumps(header(), indent=1) + "\n")
-        print(f"wrote the family ({len(claims)} claims) into {out}; commit it before the run")
+        write_claims(out, header())
         return
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -177,13 +177,7 @@ def main(argv=None):
     else:
         if args.seeds != SEEDS:
             raise SystemExit(f"the recorded run uses seeds {SEEDS}")
-        pre = json.loads(out.read_text())
-        rel = str(out.relative_to(ROOT))
-        committed = json.loads(abl.git("show", f"HEAD:{rel}"))
-        if pre["claims"] != claims or committed["claims"] != claims or pre["status"] != "claims":
-            raise SystemExit("the committed record does not hold this family: --claims-only, "
-                             "commit, then run")
-        pre["claims_commit"] = abl.git("log", "-1", "--format=%H", "--", rel)
+        pre = committed_header(out, claims)
     command = "python benchmarks/hybrid_replication.py " + shlex.join(
         sys.argv[1:] if argv is None else argv)
     t0 = time.perf_counter()
