@@ -434,3 +434,20 @@ def test_chapter_flex_comparison_runs_the_uncompiled_path_on_the_cpu(monkeypatch
         layer(torch.randn(1, 64, 32))
         layer(torch.randn(1, 128, 32))
     assert chosen == [False, True]
+
+
+def test_chapter_clear_cache_frees_the_kept_table():
+    """Cell 36 teaches `keeper.clear_cache()`: after it the encoding keeps no table, and the
+    next call builds one again."""
+    from tutorial_pkg.attention._caches import cached_tensors
+
+    assert "peak_memory(keeper.clear_cache, device=device, warmup=0)" in _cell("b0742498")
+    layer = tp.MultiHeadAttention(16, 2, tp.make_encoding("alibi", d_model=16, n_heads=2,
+                                                          max_positions=512), backend="sdpa")
+    with torch.no_grad():
+        layer(torch.randn(1, 300, 16))
+        assert cached_tensors(layer.encoding)
+        layer.clear_cache()
+        assert not cached_tensors(layer.encoding)
+        layer(torch.randn(1, 40, 16))
+        assert cached_tensors(layer.encoding)
