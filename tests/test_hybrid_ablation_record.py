@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 import benchmarks.hybrid_ablation as abl
+from tests.decisions import assert_same_decisions
 
 ROOT = Path(__file__).resolve().parents[1]
 REC = json.loads((ROOT / abl.OUT).read_text())
@@ -86,8 +87,4 @@ def test_the_claims_were_committed_before_the_run():
 def test_the_decisions_recompute_from_the_stored_values():
     decided, monotone = abl.decide(REC)
     assert monotone == REC["monotone"]
-    assert [d["claim"] for d in decided] == [c["claim"] for c in REC["claims"]]
-    for new, old in zip(decided, REC["decided"], strict=True):
-        assert new["verdict"] == old["verdict"]
-        for key in ("mean", "low", "high", "p_value", "confidence"):
-            assert new[key] == pytest.approx(old[key], abs=1e-12), (new["claim"], key)
+    assert_same_decisions(decided, REC)
