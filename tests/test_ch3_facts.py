@@ -69,3 +69,88 @@ def test_falcon_record_labels_each_value_by_its_source():
     assert re.fullmatch(r"[0-9a-f]{40}", seven["copy"]["commit"])
     assert rw["provenance"] == "model card" and rw["copy"] is None and rw["keys"]["alibi"] is True
     assert rw["keys"]["d_model"] % rw["keys"]["head_dim"] == 0  # the chapter derives the heads
+
+
+# --------------------------------------------- book/data/press_tables.json, which chapter 3 reads
+def _press_record():
+    import json
+    from pathlib import Path
+
+    return json.loads((Path(__file__).resolve().parents[1] / "book/data/press_tables.json")
+                      .read_text(encoding="utf-8"))
+
+
+def _chapter_cells():
+    import json
+    from pathlib import Path
+
+    return json.loads((Path(__file__).resolve().parents[1] / "book/03_alibi.ipynb")
+                      .read_text(encoding="utf-8"))["cells"]
+
+
+def test_press_record_names_its_source_and_what_was_checked():
+    import re
+
+    source = _press_record()["source"]
+    assert source["arxiv"] == "2108.12409v2" and source["bibtex_key"] == "press2022alibi"
+    copy = source["transcription"]
+    assert copy["repo"] == "viktor-shcherb/msc_thesis"
+    assert re.fullmatch(r"[0-9a-f]{40}", copy["commit"])
+    # the record says what it was compared with, and what it was not
+    assert "NOT compared with the arXiv PDF" in source["verification"]
+    tables = _press_record()["tables"]
+    assert (tables["table_2"]["page"], tables["table_15"]["page"]) == (16, 25)
+    for table in tables.values():
+        assert table["transcription_path"].startswith("references/") and table["rows_kept"]
+
+
+def test_press_table_2_structure_and_its_bold_minima():
+    table = _press_record()["tables"]["table_2"]
+    rows = {int(n): row for n, row in table["perplexity"].items()}
+    assert len(rows) == 35 and min(rows) == table["train_length"] == 512 and max(rows) == 15512
+    assert all(list(row) == table["columns"] for row in rows.values())
+    for method in table["columns"]:
+        values = {n: row[method] for n, row in rows.items() if row[method] is not None}
+        assert all(isinstance(v, float) and 10 < v < 1000 for v in values.values())
+        # "Bold shows the best score for each model": each bold entry is its column's minimum
+        best = min(values.values())
+        assert sorted(table["bold"][method]) == sorted(n for n, v in values.items() if v == best)
+    # only the T5 bias model runs out of memory, from 13 512 tokens on
+    oom = sorted(n for n, row in rows.items() if row["t5_bias"] is None)
+    assert oom == [13512, 14512, 15512]
+    assert all(row[m] is not None for row in rows.values() for m in table["columns"]
+               if m != "t5_bias")
+
+
+def test_press_table_15_structure():
+    rows = {int(t): {int(n): p for n, p in row.items()}
+            for t, row in _press_record()["tables"]["table_15"]["perplexity"].items()}
+    assert sorted(rows) == [512, 1024, 3072]
+    for trained_on, row in rows.items():
+        assert min(row) == trained_on  # each model from its own training length on
+        assert set(row) <= {512, 1024, 1536, 2048, 3072}
+        assert all(isinstance(p, float) and 10 < p < 30 for p in row.values())
+
+
+def test_chapter_reads_press_record_and_types_none_of_its_values():
+    cells = _chapter_cells()
+    code = ["".join(c["source"]) for c in cells if c["cell_type"] == "code"]
+    assert sum("data/press_tables.json" in s for s in code) == 1
+    tables = _press_record()["tables"]
+    values = {p for row in tables["table_2"]["perplexity"].values() for p in row.values()
+              if p is not None}
+    values |= {p for row in tables["table_15"]["perplexity"].values() for p in row.values()}
+    typed = sorted(v for v in values if any(repr(v) in s for s in code))
+    assert typed == []
+    # the stored Table 2 rendering holds the record's rows (the chapter read it)
+    shown = "".join("".join(o.get("data", {}).get("text/markdown", ""))
+                    for c in cells if c["cell_type"] == "code" for o in c.get("outputs", []))
+    t2 = tables["table_2"]["perplexity"]
+    for n in ("512", "1012", "2512", "15512"):
+        r = t2[n]
+        t5 = "OOM" if r["t5_bias"] is None else f"{r['t5_bias']:.2f}"
+        assert (f"| {n} | {r['sinusoidal']:.2f} | {r['rotary']:.2f} | {t5} | "
+                f"{r['alibi']:.2f} |") in shown
+    t15 = tables["table_15"]["perplexity"]["512"]
+    assert "| 512 | " + " | ".join(f"{t15[n]:.2f}" for n in ("512", "1024", "1536", "2048",
+                                                               "3072")) + " |" in shown
