@@ -10,6 +10,7 @@ lengths it reads. Each of those checks lives here, not in a reader cell.
 from __future__ import annotations
 
 import json
+import re
 from datetime import datetime
 from pathlib import Path
 
@@ -91,3 +92,15 @@ def test_the_smollm2_record_holds_the_whole_grid_and_one_decision_per_claim():
     assert len(SMOL["results"]) == len(cells)
     assert all(len(r["nll_by_block"]) == len(SMOL["block_ends"]) for r in SMOL["results"])
     assert [d["claim"] for d in SMOL["decided"]] == [c["claim"] for c in SMOL["claims"]]
+
+
+def test_the_chapter_prints_every_stored_claim_once_with_its_stored_verdict():
+    # claim() prints one line per claim: its name, the family-wise interval, the verdict
+    nb = json.loads((DATA.parent / "07_extrapolation.ipynb").read_text())
+    lines = [line for c in nb["cells"] if c["cell_type"] == "code" for o in c.get("outputs", [])
+             if o.get("output_type") == "stream" for line in "".join(o["text"]).splitlines()]
+    for d in PRE["decided"]:
+        printed = [line for line in lines
+                   if re.match(re.escape(d["claim"]) + r"\s+[+-]\d", line)]
+        assert len(printed) == 1, (d["claim"], printed)
+        assert f": {d['verdict']}" in printed[0], (d["claim"], printed[0])
