@@ -387,3 +387,37 @@ def test_layer_clear_cache_frees_its_encodings_tables():
     assert len(backends.cached_tensors(other)) == 1  # another encoding's table is kept
     layer(torch.randn(1, 10, 16))  # builds again
     assert len(backends.cached_tensors(layer.encoding)) >= 1
+
+
+_FLEX_WITHOUT_AVX2 = """
+import warnings, torch, tutorial_pkg as tp
+from tutorial_pkg.attention._flex import flex_compiles_on_cpu
+assert not flex_compiles_on_cpu()
+torch.manual_seed(0)
+flex = tp.MultiHeadAttention(32, 4, tp.ALiBi(4), backend="flex").eval()
+naive = tp.MultiHeadAttention(32, 4, tp.ALiBi(4), backend="naive").eval()
+naive.load_state_dict(flex.state_dict())
+x = torch.randn(1, 128, 32)  # one tile: the first length the backend compiles
+with torch.no_grad(), warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    out = flex(x)
+assert any("flex backend runs eagerly" in str(w.message) for w in caught), caught
+torch.testing.assert_close(out, naive(x), atol=1e-5, rtol=1e-5)
+print("ok")
+"""
+
+
+def test_flex_runs_eagerly_where_the_compiled_cpu_kernel_cannot_be_built(tmp_path):
+    """Under ATEN_CPU_CAPABILITY=default torch 2.13's compiled FlexAttention CPU template
+    raises (InductorError: "torch.compile on current platform is not supported for CPU");
+    from one tile on the backend runs flex_attention eagerly there, with a warning, and
+    computes the naive backend's output."""
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "ATEN_CPU_CAPABILITY": "default", "CUDA_VISIBLE_DEVICES": "",
+           "TORCHINDUCTOR_CACHE_DIR": str(tmp_path)}
+    run = subprocess.run([sys.executable, "-c", _FLEX_WITHOUT_AVX2], env=env,
+                         capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0 and run.stdout.strip() == "ok", run.stderr[-2000:]

@@ -7,6 +7,8 @@ cached (:func:`flex_block_mask`).
 
 from __future__ import annotations
 
+import sys
+
 import torch
 
 from .._checks import fake_mode_active
@@ -24,7 +26,8 @@ except ImportError as _err:  # pragma: no cover - depends on the installed torch
     flex_attention = create_block_mask = None
     _FLEX_IMPORT_ERROR = str(_err)
 
-__all__ = ["FLEX_TILE", "flex_available", "flex_blocker", "flex_kernel", "flex_block_mask"]
+__all__ = ["FLEX_TILE", "flex_available", "flex_compiles_on_cpu", "flex_blocker", "flex_kernel",
+           "flex_block_mask"]
 
 #: FlexAttention's tile (block) size; below it, CPU calls run eagerly (``backends.flex``).
 FLEX_TILE = 128
@@ -35,6 +38,18 @@ def flex_available() -> tuple[bool, str]:
     if flex_attention is None:
         return False, f"torch.nn.attention.flex_attention is unavailable ({_FLEX_IMPORT_ERROR})"
     return True, ""
+
+
+def flex_compiles_on_cpu() -> bool:
+    """Whether torch's compiled FlexAttention kernel builds on this CPU.
+
+    torch 2.13's CPU template needs AVX2 or better and refuses under
+    ``ATEN_CPU_CAPABILITY=default``, on macOS and where an XPU is present
+    (``torch/_inductor/kernel/flex/flex_cpu.py``, ``check_cpu_supported``): it raises an
+    ``InductorError`` at the first compiled call."""
+    xpu = getattr(torch, "xpu", None)
+    return (torch.backends.cpu.get_cpu_capability() in ("AVX2", "AVX512")
+            and sys.platform != "darwin" and not (xpu is not None and xpu.is_available()))
 
 
 def flex_blocker(q, k, v, plan: AttentionPlan, encoding: PositionEncoding, *,

@@ -98,6 +98,7 @@ from ._flex import (  # noqa: F401
     flex_available,
     flex_block_mask,
     flex_blocker,
+    flex_compiles_on_cpu,
     flex_kernel,
 )
 from ._kernel_rules import KERNEL_RULES, KernelRules, assume_kernels, kernel_rules  # noqa: F401
@@ -276,9 +277,16 @@ def flex(q, k, v, plan: AttentionPlan, encoding: PositionEncoding, *, dropout_p:
     on q's device (``ValueError`` naming both devices
     otherwise). On CPU, calls shorter than
     :data:`~tutorial_pkg.attention._flex.FLEX_TILE` run eagerly (torch 2.13: the compiled
-    CPU kernel is wrong there on AVX2 CPUs); ``compile=False`` runs every call eagerly.
+    CPU kernel is wrong there on AVX2 CPUs), and so does every call on a CPU where the
+    compiled kernel cannot be built (:func:`~tutorial_pkg.attention._flex.flex_compiles_on_cpu`),
+    with a ``RuntimeWarning``; ``compile=False`` runs every call eagerly.
     """
     eager = not compile or (q.device.type == "cpu" and min(plan.s, plan.k_len) < FLEX_TILE)
+    if not eager and q.device.type == "cpu" and not flex_compiles_on_cpu():
+        warnings.warn("flex backend runs eagerly: torch's compiled FlexAttention kernel does "
+                      "not build on this CPU (it needs AVX2; not under "
+                      "ATEN_CPU_CAPABILITY=default)", RuntimeWarning, stacklevel=3)
+        eager = True
     reason = flex_blocker(q, k, v, plan, encoding, dropout_p=dropout_p, compiled=not eager)
     if reason:
         if plan.shapes_scores:  # sdpa cannot cap or sink: the exact fallback is naive
