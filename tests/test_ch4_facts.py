@@ -451,3 +451,91 @@ def test_chapter_clear_cache_frees_the_kept_table():
         assert not cached_tensors(layer.encoding)
         layer(torch.randn(1, 40, 16))
         assert cached_tensors(layer.encoding)
+
+
+# ---- moved out of the chapter's cells: each SDPA kernel alone, and the kept table's bytes ------
+
+
+def test_each_cpu_kernel_on_the_key_row_call():
+    """The key-row cell runs the undocumented call (a float row with is_causal=True) with the
+    kernel PyTorch selects and with math alone; here each kernel alone, on the CPU: flash, the
+    CPU's one fused kernel, takes the call and is right in float32 and float64; math (the
+    documented error), memory-efficient and cuDNN refuse it."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    gen = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, 2, 16, 8, generator=gen) for _ in range(3))
+    slopes = torch.tensor([0.5, 1 / 16], dtype=torch.float64)
+    row = (slopes[:, None, None] * torch.arange(4096, 4112, dtype=torch.float64))[None]
+    scores = q.double() @ k.double().transpose(-2, -1) / math.sqrt(8) + row
+    future = torch.ones(16, 16, dtype=torch.bool).triu(1)
+    want = scores.masked_fill(future, float("-inf")).softmax(-1) @ v.double()
+    for dtype, tol in ((torch.float32, 1e-3), (torch.float64, 1e-12)):
+        q_, k_, v_, row_ = (t.to(dtype) for t in (q, k, v, row))
+        with sdpa_kernel([SDPBackend.FLASH_ATTENTION]):
+            got = F.scaled_dot_product_attention(q_, k_, v_, attn_mask=row_, is_causal=True)
+        assert (got.double() - want).abs().max() < tol, dtype
+        for kernel in (SDPBackend.MATH, SDPBackend.EFFICIENT_ATTENTION,
+                       SDPBackend.CUDNN_ATTENTION):
+            with sdpa_kernel([kernel]), warnings.catch_warnings(), \
+                    pytest.raises((RuntimeError, ValueError)):
+                warnings.simplefilter("ignore")  # a kernel that refuses the call warns why
+                F.scaled_dot_product_attention(q_, k_, v_, attn_mask=row_, is_causal=True)
+
+
+def test_kept_table_bytes_measured_call_by_call():
+    """The kept-table cell measures only what clear_cache() frees; here the bytes each call
+    leaves behind, measured as the chapter's cells measure (peak_memory's net_bytes, less a
+    plain layer's output): after calls at 64, 129, 300 and 40 tokens the kept bytes are
+    4 H T^2 with T the side for the longest call so far; clear_cache() returns them to 0; a
+    layer that lives for one call leaves no table behind."""
+    from tutorial_pkg.measure.memory import peak_memory
+
+    heads, width = 8, 64
+
+    def side(n):
+        return max(128, 1 << (n - 1).bit_length())
+
+    def alibi_layer():
+        enc = tp.make_encoding("alibi", d_model=width, n_heads=heads, max_positions=4096)
+        return tp.MultiHeadAttention(width, heads, enc, backend="sdpa")
+
+    keeper = alibi_layer()
+    plain = tp.MultiHeadAttention(width, heads, tp.NoPE(), backend="sdpa")
+    kept, longest = 0, 0
+    for length in (64, 129, 300, 40):
+        x = torch.randn(1, length, width)
+        with torch.no_grad():
+            output = peak_memory(lambda x=x: plain(x), device="cpu", warmup=0).net_bytes
+            kept += peak_memory(lambda x=x: keeper(x), device="cpu", warmup=0).net_bytes - output
+        longest = max(longest, length)
+        want = 4 * heads * side(longest) ** 2
+        assert abs(kept - want) <= 0.01 * want, (length, kept)
+    kept += peak_memory(keeper.clear_cache, device="cpu", warmup=0).net_bytes
+    assert abs(kept) <= 0.01 * 4 * heads * side(300) ** 2
+
+    def call_once():
+        with torch.no_grad():
+            alibi_layer()(torch.randn(1, 300, width))
+
+    assert peak_memory(call_once, device="cpu", warmup=0).net_bytes < 0.01 * 4 * heads * 512**2
+
+
+def test_masked_pairs_get_minus_inf_and_padding_the_most_negative_finite_value():
+    """The backends section: in sdpa's float mask the keys the causal rule hides get -inf,
+    padding keys torch.finfo(dtype).min (finite, so a query with no key stays NaN-free),
+    also where causality hides them too."""
+    s = 5
+    pad = torch.zeros(1, s, dtype=torch.bool)
+    pad[0, :2] = True
+    plan = masks.AttentionPlan(q_pos=torch.arange(s)[None], k_pos=torch.arange(s)[None],
+                               start=0, default_positions=True, causal=True,
+                               key_padding_mask=pad)
+    for dtype in (torch.float32, torch.bfloat16):
+        mask = masks.additive_mask(plan, None, dtype)[0, 0]
+        future = torch.ones(s, s, dtype=torch.bool).triu(1)
+        assert mask.dtype == dtype
+        padding = pad[0][None, :].expand(s, s)  # a padding key, hidden or not by causality
+        assert bool(torch.isneginf(mask[future & ~padding]).all())
+        assert bool((mask[padding] == torch.finfo(dtype).min).all())
+        assert bool((mask[~future & ~padding] == 0).all())
