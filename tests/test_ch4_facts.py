@@ -3,7 +3,9 @@ hidden cells: the quoted documentation of the installed torch and of the pinned 
 the package's own ``and_masks``, the recorded benchmark's pairing and shared orders, the
 probe's shape and the kept table's size, the rotate variants (QK-norm before RoPE, partial
 rotary) and the slot/position formulas against transformers' code. The details of "auto"'s
-CPU check and of Flex on the CPU, which the chapter states in one paragraph, live here.
+CPU check and of Flex on the CPU, which the chapter states in one paragraph, live here, and so
+do the checks its cells leave out: each SDPA kernel alone on the key-row call, the kept table's
+bytes call by call, and the float mask's -inf and finfo(dtype).min.
 A transformers other than the pinned 5.24 fails loudly: the chapter quotes that version's
 source."""
 
