@@ -1,0 +1,163 @@
+"""Facts chapter 5 states about its two recorded suite runs, checked here rather than in the
+reader's cells: how each record was made, when its claim family was fixed, how its case
+orders were drawn, what the A/A sign-flip tests give at the randomisation unit, and where the
+two records disagree."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+QUIET = ROOT / "book" / "data" / "benchmark_cpu.json"
+LOADED = ROOT / "book" / "data" / "benchmark_cpu_loaded.json"
+FAMILY_COMMIT = "5abe3be"  # benchmarks/suite.py with CLAIMS, as both records store them
+RULE_COMMIT = "ff2a02e"  # stores the loaded record; its message states the reading rule
+
+
+def _load(path):
+    from tutorial_pkg import measure as bm
+
+    stored = json.loads(path.read_text(encoding="utf-8"))
+    _, records = bm.load_results(path)
+    return stored, records
+
+
+def _git(*args):
+    if shutil.which("git") is None:
+        pytest.skip("git is not installed")
+    out = subprocess.run(["git", "-C", str(ROOT), *args], capture_output=True, text=True)
+    if out.returncode != 0:
+        pytest.skip(f"git {' '.join(args)}: {out.stderr.strip()[:80]} (a shallow clone?)")
+    return out.stdout
+
+
+def _mean_load(stored):
+    values = [v[0] for v in stored["load_by_group"].values()]
+    return sum(values) / len(values)
+
+
+@pytest.mark.parametrize("path", [QUIET, LOADED], ids=["quiet", "loaded"])
+def test_each_record_is_one_finished_single_thread_cpu_run(path):
+    stored, records = _load(path)
+    hw = stored["hardware"]
+    assert stored["status"] == "done" and "note" not in hw
+    assert hw["num_threads"] == 1 and "--threads 1" in hw["command"]
+    assert hw["device"] == "cpu" and hw["gpu_count"] == 0
+    assert stored["design"]["order_seed"] is not None
+    assert all(len(r.round_positions) == len(r.round_ratios) for r in records if r.ok)
+    # the claims are written at the run's start; the file stores no time per case
+    assert stored["claims_written"] == hw["date"]
+    stamps = {"date", "started", "timestamp", "timed_at", "start_time"}
+    assert not any(stamps & set(r) for r in stored["records"])
+
+
+def test_the_family_was_committed_before_both_runs():
+    """Both records store the CLAIMS of commit 5abe3be, dated before either run started."""
+    from datetime import datetime
+
+    committed = datetime.fromisoformat(_git("show", "-s", "--format=%cI", FAMILY_COMMIT).strip())
+    source = _git("show", f"{FAMILY_COMMIT}:benchmarks/suite.py")
+    joined = re.sub(r'"\s*\n\s*"', "", source)  # implicit string concatenation, joined
+    for path in (QUIET, LOADED):
+        stored, _ = _load(path)
+        assert committed < datetime.fromisoformat(stored["claims_written"]), path.name
+        for c in stored["claims"]:
+            assert f'("{c["id"]}", "{c["claim"]}"' in joined, (path.name, c["id"])
+
+
+def test_the_reading_rule_was_committed_before_the_quiet_run():
+    """The rule (read the run with the lower mean load over its groups) is in the message of
+    the commit that stores the loaded record, dated before the quiet run started; the quiet
+    record is the one the chapter reads."""
+    from datetime import datetime
+
+    message = _git("show", "-s", "--format=%B", RULE_COMMIT)
+    assert "the chapter reports the run with the lower load over its groups" in message
+    files = _git("show", "--name-only", "--format=", RULE_COMMIT).split()
+    assert "book/data/benchmark_cpu_loaded.json" in files
+    committed = datetime.fromisoformat(_git("show", "-s", "--format=%cI", RULE_COMMIT).strip())
+    quiet, _ = _load(QUIET)
+    loaded, _ = _load(LOADED)
+    assert committed < datetime.fromisoformat(quiet["claims_written"])
+    assert _mean_load(quiet) < _mean_load(loaded)
+
+
+def _order_sequences(records):
+    groups = {}
+    for r in records:
+        groups.setdefault(r.group, []).append(tuple(r.round_positions))
+    return {g: tuple(v) for g, v in groups.items()}
+
+
+def test_both_records_share_one_sequence_of_case_orders_per_kind_of_group():
+    """One order seed for the whole run and no per-group seeds: every group of a kind (the
+    attention groups; the RoPE and LM groups) replays the same sequence of orders, in both
+    records."""
+    from benchmarks import suite as bs
+
+    quiet, q_recs = _load(QUIET)
+    loaded, l_recs = _load(LOADED)
+    assert quiet["design"]["order_seed"] == loaded["design"]["order_seed"] == 0
+    assert "group_order_seeds" not in quiet["design"]
+    assert "group_order_seeds" not in loaded["design"]
+    orders = {"quiet": _order_sequences(q_recs), "loaded": _order_sequences(l_recs)}
+    distinct = {}
+    for run, seqs in orders.items():
+        for g, seq in seqs.items():
+            distinct.setdefault(seq, []).append((run, g))
+    assert sum(len(s) for s in orders.values()) == 22
+    assert len(distinct) == 2
+    kinds = sorted(sorted({g.split(" ")[0] for _, g in users}) for users in distinct.values())
+    assert kinds == [["attn"], ["lm", "rope"]]
+    assert all({run for run, _ in users} == {"quiet", "loaded"} for users in distinct.values())
+    # the attention groups: the A/A timed before the limit in 8 of the 10 rounds
+    first = set()
+    for g in (g for g in orders["quiet"] if g.startswith("attn")):
+        (aa,) = [r for r in q_recs if r.group == g and r.case == bs.ATTENTION_AA]
+        (ref,) = [r for r in q_recs if r.group == g and r.case == bs.ATTENTION_LIMIT]
+        first.add(sum(a < b for a, b in zip(aa.round_positions, ref.round_positions,
+                                             strict=True)))
+    assert first == {8}
+
+
+def test_aa_sign_flips_over_rounds_and_over_orders_agree_with_the_t_verdicts():
+    """At the randomisation unit (one flip per order, the mean over the rounds that used it)
+    no A/A claim shows a difference at alpha / k, as over rounds and as the t intervals."""
+    from benchmarks import suite as bs
+    from tutorial_pkg.experiments.stats import sign_flip
+
+    stored, records = _load(QUIET)
+    claims, alpha = stored["claims"], stored["alpha"]
+    k = len(claims)
+    verdicts = {d["id"]: d["verdict"] for d in stored["decided"]}
+    p_orders = {}
+    for c in (c for c in claims if c["test"] == "A/A"):
+        logs = bs.paired_log_ratios(records, c["case"], c["against"], c["groups"])
+        values = [x for v in logs.values() for x in v]
+        per_order = [sum(col) / len(col) for col in zip(*logs.values(), strict=True)]
+        p = sign_flip(values, seed=0)["p_value"]
+        p_orders[c["id"]] = sign_flip(per_order, seed=0)["p_value"]
+        assert (p >= alpha / k) == (verdicts[c["id"]] == "holds"), c["id"]
+        assert p_orders[c["id"]] >= alpha / k, c["id"]
+    assert sorted(p_orders) == ["A1", "A2", "L1", "R1", "R2"]
+    assert {cid: len(x) for cid, x in ((c["id"], bs.paired_log_ratios(
+        records, c["case"], c["against"], c["groups"])) for c in claims
+        if c["id"] in ("A1", "R1"))} == {"A1": 4, "R1": 1}  # lengths pooled / one group
+
+
+def test_the_two_records_disagree_beyond_their_family_intervals_on_a11_and_r5():
+    quiet, _ = _load(QUIET)
+    loaded, _ = _load(LOADED)
+    q = {d["id"]: d for d in quiet["decided"]}
+    o = {d["id"]: d for d in loaded["decided"]}
+    disjoint = sorted(cid for cid in q
+                      if q[cid]["low"] > o[cid]["high"] or o[cid]["low"] > q[cid]["high"])
+    assert {"A11", "R5"} <= set(disjoint)
+    assert q["A11"]["low"] > 1 > o["A11"]["low"]
+    assert q["A11"]["verdict"] == "holds" and o["A11"]["verdict"] == "not resolved"
