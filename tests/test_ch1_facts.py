@@ -110,3 +110,16 @@ def test_the_positions_control_record_holds_its_claims_before_its_run():
         for k in ("2", "4", "8"):
             assert abs(row["share"][k] - row["rise_moved"][k] / row["rise_long"][k]) < 1e-12
     assert record["decided"] == ctl.decide(record["rows"])
+
+
+def test_chapter_1_reads_press_table_2_from_its_record_and_types_none_of_it():
+    """Press et al.'s Table 2 is read from book/data/press_tables.json (the record chapter 3
+    reads, which names its source); no perplexity of the table is typed in a code cell."""
+    nb = json.loads((ROOT / "book/01_sinusoidal.ipynb").read_text(encoding="utf-8"))
+    code = "\n".join("".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "code")
+    assert 'open("data/press_tables.json")' in code
+    table = json.loads((ROOT / "book/data/press_tables.json").read_text())["tables"]["table_2"]
+    values = {v for row in table["perplexity"].values() for v in row.values() if v is not None}
+    typed = sorted(v for v in values if re.search(rf"(?<![\d.]){re.escape(f'{v:.2f}')}(?!\d)", code)
+                   or re.search(rf"(?<![\d.]){re.escape(repr(v))}(?!\d)", code))
+    assert not typed, typed
