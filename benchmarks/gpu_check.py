@@ -15,12 +15,13 @@ Stages, in this order, each with its own time cap, all within ``--budget`` secon
    footprint (``attention_footprint``, recorded as ``footprint_bytes``) can be compared
    with what the GPU's allocator measured (``held_bytes + peak_bytes``); no FlexAttention
    (its footprint is that of plain attention, and it would spend the budget compiling).
-3. Every chapter, executed with ``CI`` unset, so its GPU setting (``LARGER``) runs, from a
-   copy in memory (nbclient), in ``book/`` as working directory; the executed notebook is
-   written under ``OUT/executed/``, so nothing in ``book/`` changes. Chapters run in the
-   order of :data:`CHAPTERS` (the benchmark chapter first, then by expected cost), each
-   stopped at its cap or when the budget runs out; the first failing cell is recorded
-   with its error, and the next chapter starts.
+3. Every chapter, executed on the GPU (a chapter with a larger GPU setting takes it there;
+   the others run their stored setting on the GPU's kernels), from a copy in memory
+   (nbclient), in ``book/`` as working directory; the executed notebook is written under
+   ``OUT/executed/``, so nothing in ``book/`` changes. Chapters run in the order of
+   :data:`CHAPTERS` (the benchmark chapter first, then by expected cost), each stopped at
+   its cap or when the budget runs out; the first failing cell is recorded with its error,
+   and the next chapter starts.
 
 ``OUT/summary.json`` (rewritten after every stage, so a killed run still leaves one) holds
 the hardware, each stage's status (``ok``, ``error``, ``timeout``, ``not run``), its time
