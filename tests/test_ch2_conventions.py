@@ -1,7 +1,7 @@
 """The library facts and package behaviour chapter 2 states in prose, held here.
 
-Chapter 2 says that transformers' ``glm5_next`` text config refuses a RoPE dimension (its
-language layers take no RoPE) with the error "Expecting NoPE for the DSA attention layers";
+Chapter 2 says that transformers' ``glm5_next`` takes no RoPE in its language layers (its text
+config refuses a RoPE dimension, with the error "Expecting NoPE for the DSA attention layers");
 that Hugging Face has no static NTK-aware ``rope_type``: its ``ROPE_INIT_FUNCTIONS`` lists
 ``linear``, ``dynamic``, ``yarn``, ``longrope``, ``llama3`` and ``proportional``, where the
 package names the static rule ``"ntk"``; which partial-RoPE class defaults GPT-J, GPT-NeoX,
@@ -10,7 +10,10 @@ GLM-4 and GLM-4.5 have and that Qwen2 has q/k biases; and that the package's fas
 that its float32 frequencies lie within one float32 unit of Hugging Face's and Meta's form;
 and that ``glm5_next``'s vision tower, unlike its language layers, does rotate (its
 ``Glm5NextVisionRotaryEmbedding`` and ``apply_rotary_pos_emb_vision``); and that ``generate``
-takes left-padded rows' positions from ``attention_mask.cumsum(-1) - 1``, pads at 0. These
+takes left-padded rows' positions from ``attention_mask.cumsum(-1) - 1``, pads at 0; and, in its
+checklist, that transformers 5 keeps ``rope_theta`` and ``rope_scaling`` in
+``config.rope_parameters`` and that DeepSeek-V3's attention rotates (and re-lays out) only the
+``qk_rope_head_dim`` slice. These
 tests call transformers and the package, so that a change to any of these facts fails here
 rather than leaving the chapter's prose stale.
 """
@@ -141,3 +144,31 @@ def test_generate_positions_are_the_mask_cumsum_minus_one_with_pads_at_zero():
     hf_pos = GenerationMixin._prepare_position_ids_for_generation(
         None, mask, {"attention_mask": mask})
     assert torch.equal(hf_pos, (mask.cumsum(-1) - 1).masked_fill(mask == 0, 0))
+
+
+def test_rope_theta_and_rope_scaling_live_in_rope_parameters():
+    """Chapter 2's checklist: transformers 5 reads a file's ``rope_theta`` and ``rope_scaling``
+    into one dict, ``config.rope_parameters``; ``config.rope_scaling`` returns that dict, and
+    the config has no ``rope_theta`` attribute."""
+    scaling = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+               "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
+    cfg = transformers.LlamaConfig(rope_theta=500_000.0, rope_scaling=dict(scaling),
+                                   max_position_embeddings=131_072)
+    assert cfg.rope_parameters == {**scaling, "rope_theta": 500_000.0}
+    assert cfg.rope_scaling is cfg.rope_parameters
+    assert not hasattr(cfg, "rope_theta")
+    assert "rope_parameters" in cfg.to_dict() and "rope_theta" not in cfg.to_dict()
+
+
+def test_deepseek_v3_rotates_only_its_rope_slice():
+    """Chapter 2's checklist: DeepSeek-V3's attention splits each query into a pass-through
+    part and a ``qk_rope_head_dim`` part and rotates (and, with ``rope_interleave``, re-lays
+    out) only the latter, and its rotated key is one shared head."""
+    import inspect
+
+    from transformers.models.deepseek_v3 import modeling_deepseek_v3 as ds
+
+    src = inspect.getsource(ds.DeepseekV3Attention.forward)
+    assert "torch.split(q_states, [self.qk_nope_head_dim, self.qk_rope_head_dim]" in src
+    assert "k_rot.view(batch_size, 1, seq_length, self.qk_rope_head_dim)" in src
+    assert "rope_interleave" in src
