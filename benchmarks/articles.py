@@ -1,12 +1,15 @@
 """The source articles' ALiBi attention, kept as a measured baseline (deliberately slow).
 
-Both articles ("Stop looking only at RoPE: reproduce ALiBi in PyTorch step by step" and
-"RoPE and ALiBi in PyTorch: the mathematics and the engineering", see
-``book/05_benchmarking.ipynb``) precompute the whole ALiBi bias into a fixed
-``(H, max_positions, max_positions)`` buffer and add it to materialised scores. The suite
-measures that code next to the package's paths (``alibi/article``), so that the book can say how
-much the package's default path saves. It is not part of ``tutorial_pkg``: nobody should
-import it into a model.
+Both articles ("Stop looking only at RoPE: reproduce ALiBi in PyTorch step by step", 000, and
+"RoPE and ALiBi in PyTorch: the mathematics and the engineering", 002, see
+``book/05_benchmarking.ipynb``) add an ALiBi bias to materialised scores. Neither layer builds
+a causal mask: 000's ``ALiBiAttention`` builds the symmetric bias ``-m |i - j|`` in
+every forward (no buffer) and masks only if a ``mask`` is passed; 002's registers a symmetric
+bias for 2048 positions as a buffer and takes only a ``key_padding_mask``. The suite's
+``alibi/article`` case is a causal layer written their way: what both share, 002's precomputed
+buffer, and a causal mask (which neither builds) made on every call. The book's verdicts on this
+case (claim A10) are about this class, not about either article's layer as written. It is not
+part of ``tutorial_pkg``: nobody should import it into a model.
 """
 
 from __future__ import annotations
@@ -19,13 +22,17 @@ from tutorial_pkg.encodings.alibi import alibi_slopes
 
 
 class ArticlesALiBiAttention:
-    """The articles' ALiBi attention, reconstructed as they describe it.
+    """Causal ALiBi attention written the articles' way (see the module docstring).
 
-    Slopes as in Press et al.'s ``get_slopes``; the bias ``-m (i - j)`` precomputed
-    into a fixed ``(H, max_positions, max_positions)`` buffer in ``__init__`` and sliced
-    (the articles' buffer holds 2048 positions, so their code breaks past 2048 tokens); a
-    causal mask built with ``torch.tril`` on every call; ``masked_fill(mask == 0, -inf)``;
-    softmax; weighted sum. Everything ``L x L`` is materialised, in float32.
+    Kept from the articles: slopes as in Press et al.'s ``get_slopes``; float32 scores
+    materialised, the bias added, ``masked_fill(mask == 0, -inf)``, softmax, weighted sum;
+    from article 002, the bias precomputed into a fixed ``(H, max_positions, max_positions)``
+    buffer in ``__init__`` and sliced (002's buffer holds 2048 positions, so its code breaks
+    past 2048 tokens). Added: a causal mask built with ``torch.tril`` on every call, which
+    neither article's layer builds (000's applies one only if the caller passes it). The
+    buffer holds the signed bias ``-m (i - j)`` (the articles build ``-m |i - j|``), equal to
+    it wherever the causal mask lets a key through.
+    No projections. Everything ``L x L`` is materialised, in float32.
 
     Args:
         n_heads: heads ``H``.
