@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import shlex
 import sys
 import time
 from datetime import datetime, timezone
@@ -47,12 +46,10 @@ import torch.nn.functional as F
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-import tutorial_pkg  # noqa: E402
-from benchmarks.preregister import committed_header, git, write_claims  # noqa: E402
+from benchmarks.preregister import run_fields, start_header, write_claims  # noqa: E402
 from tutorial_pkg.experiments.context_eval import fixed_target_windows  # noqa: E402
 from tutorial_pkg.experiments.data import load_splits  # noqa: E402
 from tutorial_pkg.experiments.training import ExperimentConfig, train  # noqa: E402
-from tutorial_pkg.measure.cases import hardware_info  # noqa: E402
 
 OUT = "book/data/ch1_positions_control.json"
 REPLICATION_OUT = "book/data/ch1_positions_replication.json"
@@ -150,19 +147,11 @@ def main(argv=None):
     pilot = json.loads(PILOT.read_text())
     planned = list(FRESH_SEEDS) if args.replicate else pilot["seeds"]
     seeds = planned if args.seeds is None else args.seeds
-    if args.quick:
-        pre = {**header(args.replicate), "claims_written": None, "claims_commit": None}
-    else:
-        if seeds != planned:
-            raise SystemExit(f"the recorded run uses the seeds {planned}")
-        pre = committed_header(out, CLAIMS)
-    command = "python benchmarks/ch1_positions_control.py " + shlex.join(
-        sys.argv[1:] if argv is None else argv)
+    if not args.quick and seeds != planned:
+        raise SystemExit(f"the recorded run uses the seeds {planned}")
+    pre = start_header(out, header(args.replicate), quick=args.quick)
     t0 = time.perf_counter()
-    payload = {**pre, "command": command, "commit": git("rev-parse", "HEAD"),
-               "started": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-               "status": "running", "tutorial_pkg_version": tutorial_pkg.__version__,
-               "torch_version": torch.__version__, "hardware": hardware_info("cpu"),
+    payload = {**pre, **run_fields("ch1_positions_control.py", argv),
                "threads": torch.get_num_threads(), "seeds": seeds, "rows": []}
     for seed in seeds:
         row = control(pilot, seed, steps=20 if args.quick else None)

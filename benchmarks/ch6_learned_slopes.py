@@ -14,7 +14,6 @@ anything is trained: per task, in at least 18 of the 20 seeds every head's c_h i
 
 import argparse
 import json
-import shlex
 import sys
 import time
 from datetime import datetime, timezone
@@ -26,11 +25,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 import benchmarks.extrapolation_seeds as ch6  # noqa: E402
-import benchmarks.hybrid_ablation as abl  # noqa: E402
-import tutorial_pkg  # noqa: E402
-from benchmarks.preregister import committed_header, write_claims  # noqa: E402
+from benchmarks.preregister import run_fields, start_header, write_claims  # noqa: E402
 from tutorial_pkg.experiments.tasks import TASKS, train_task  # noqa: E402
-from tutorial_pkg.measure.cases import hardware_info  # noqa: E402
 
 OUT = "book/data/ch6_learned_slopes.json"
 SEEDS = list(range(25, 45))
@@ -70,14 +66,9 @@ def main(argv=None):
         return
     if args.threads:
         torch.set_num_threads(args.threads)
-    pre = committed_header(out, CLAIMS)
+    pre = start_header(out, header(), quick=False)
     name, kwargs = ch6.TASK_VARIANTS[LABEL]
-    payload = {**pre, "command": "python benchmarks/ch6_learned_slopes.py " + shlex.join(
-                   sys.argv[1:] if argv is None else argv),
-               "commit": abl.git("rev-parse", "HEAD"),
-               "started": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-               "status": "running", "tutorial_pkg_version": tutorial_pkg.__version__,
-               "torch_version": torch.__version__, "hardware": hardware_info("cpu"),
+    payload = {**pre, **run_fields("ch6_learned_slopes.py", argv),
                "variant": [name, kwargs], "train_len": ch6.TASK_TRAIN_LEN,
                "eval_lens": list(ch6.TASK_EVAL_LENS), "steps": ch6.TASK_STEPS,
                "test_seed_base": ch6.TEST_SEED_BASE, "seeds": SEEDS}

@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import shlex
 import sys
 import time
 from datetime import datetime, timezone
@@ -44,10 +43,8 @@ sys.path.insert(0, str(ROOT))
 import benchmarks.ch6_learned_slopes as slopes  # noqa: E402
 import benchmarks.extrapolation_seeds as ch6  # noqa: E402
 import benchmarks.hybrid_replication as rep  # noqa: E402
-import tutorial_pkg  # noqa: E402
-from benchmarks.preregister import committed_header, git, write_claims  # noqa: E402
+from benchmarks.preregister import run_fields, start_header, write_claims  # noqa: E402
 from tutorial_pkg.experiments.tasks import TASKS  # noqa: E402
-from tutorial_pkg.measure.cases import hardware_info  # noqa: E402
 
 OUT = "book/data/hybrid_fresh.json"
 MAIN = ROOT / "book/data/hybrid_results.json"
@@ -95,26 +92,17 @@ def main(argv=None):
     p.add_argument("--out", default=OUT)
     args = p.parse_args(argv)
     out = Path(args.out) if Path(args.out).is_absolute() else ROOT / args.out
-    claims = [dict(c) for c in CLAIMS]
     if args.claims_only:
         write_claims(out, header())
         return
     if args.threads:
         torch.set_num_threads(args.threads)
     steps = 20 if args.quick else ch6.TASK_STEPS
-    if args.quick:
-        pre = {**header(), "claims_written": None, "claims_commit": None}
-    else:
-        if args.seeds != SEEDS:
-            raise SystemExit(f"the recorded run uses seeds {SEEDS}")
-        pre = committed_header(out, claims)
+    if not args.quick and args.seeds != SEEDS:
+        raise SystemExit(f"the recorded run uses seeds {SEEDS}")
+    pre = start_header(out, header(), quick=args.quick)
     t0 = time.perf_counter()
-    payload = {**pre, "command": "python benchmarks/hybrid_fresh.py " + shlex.join(
-                   sys.argv[1:] if argv is None else argv),
-               "commit": git("rev-parse", "HEAD"),
-               "started": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-               "status": "running", "tutorial_pkg_version": tutorial_pkg.__version__,
-               "torch_version": torch.__version__, "hardware": hardware_info("cpu"),
+    payload = {**pre, **run_fields("hybrid_fresh.py", argv),
                "train_len": ch6.TASK_TRAIN_LEN, "eval_lens": list(ch6.TASK_EVAL_LENS),
                "steps": steps, "test_seed_base": ch6.TEST_SEED_BASE, "seeds": args.seeds}
     records = []

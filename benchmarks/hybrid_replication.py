@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import shlex
 import sys
 import time
 from datetime import datetime, timezone
@@ -51,8 +50,7 @@ sys.path.insert(0, str(ROOT))
 
 import benchmarks.extrapolation_seeds as ch6  # noqa: E402
 import benchmarks.hybrid_ablation as abl  # noqa: E402
-import tutorial_pkg  # noqa: E402
-from benchmarks.preregister import committed_header, write_claims  # noqa: E402
+from benchmarks.preregister import run_fields, start_header, write_claims  # noqa: E402
 from tutorial_pkg.encodings.builtin import Hybrid  # noqa: E402
 from tutorial_pkg.experiments.tasks import (  # noqa: E402
     TASKS,
@@ -165,26 +163,17 @@ def main(argv=None):
     p.add_argument("--out", default=OUT)
     args = p.parse_args(argv)
     out = Path(args.out) if Path(args.out).is_absolute() else ROOT / args.out
-    claims = [dict(c) for c in CLAIMS]
     if args.claims_only:
         write_claims(out, header())
         return
     if args.threads:
         torch.set_num_threads(args.threads)
     steps = 20 if args.quick else ch6.TASK_STEPS
-    if args.quick:
-        pre = {**header(), "claims_written": None, "claims_commit": None}
-    else:
-        if args.seeds != SEEDS:
-            raise SystemExit(f"the recorded run uses seeds {SEEDS}")
-        pre = committed_header(out, claims)
-    command = "python benchmarks/hybrid_replication.py " + shlex.join(
-        sys.argv[1:] if argv is None else argv)
+    if not args.quick and args.seeds != SEEDS:
+        raise SystemExit(f"the recorded run uses seeds {SEEDS}")
+    pre = start_header(out, header(), quick=args.quick)
     t0 = time.perf_counter()
-    payload = {**pre, "command": command, "commit": abl.git("rev-parse", "HEAD"),
-               "started": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-               "status": "running", "tutorial_pkg_version": tutorial_pkg.__version__,
-               "torch_version": torch.__version__, "hardware": hardware_info(args.device),
+    payload = {**pre, **run_fields("hybrid_replication.py", argv, args.device),
                "train_len": L, "eval_lens": list(ch6.TASK_EVAL_LENS),
                "past_lens": list(PAST_LENS), "steps": steps,
                "test_seed_base": ch6.TEST_SEED_BASE, "seeds": args.seeds,

@@ -38,3 +38,31 @@ def committed_header(out: Path, claims: list) -> dict:
                          "commit, then run")
     pre["claims_commit"] = git("log", "-1", "--format=%H", "--", rel)
     return pre
+
+
+def start_header(out: Path, header: dict, *, quick: bool) -> dict:
+    """The header a run starts from: the committed one (:func:`committed_header`, which
+    refuses otherwise), or for a ``--quick`` smoke run the script's own, with no claim times."""
+    if quick:
+        return {**header, "claims_written": None, "claims_commit": None}
+    return committed_header(out, header["claims"])
+
+
+def run_fields(script: str, argv, device: str = "cpu") -> dict:
+    """What every run records as it starts: its command, commit, start time, status
+    ``"running"``, versions and hardware."""
+    import shlex
+    import sys
+    from datetime import datetime, timezone
+
+    import torch
+
+    import tutorial_pkg
+    from tutorial_pkg.measure.cases import hardware_info
+
+    return {"command": f"python benchmarks/{script} "
+                       + shlex.join(sys.argv[1:] if argv is None else argv),
+            "commit": git("rev-parse", "HEAD"),
+            "started": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            "status": "running", "tutorial_pkg_version": tutorial_pkg.__version__,
+            "torch_version": torch.__version__, "hardware": hardware_info(device)}
