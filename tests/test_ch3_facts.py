@@ -154,3 +154,28 @@ def test_chapter_reads_press_record_and_types_none_of_its_values():
     t15 = tables["table_15"]["perplexity"]["512"]
     assert "| 512 | " + " | ".join(f"{t15[n]:.2f}" for n in ("512", "1024", "1536", "2048",
                                                                "3072")) + " |" in shown
+
+
+def test_chapter_quotes_the_papers_body_as_the_pinned_transcription_words_it():
+    """The transcription paraphrases the paper's body in the third person: the chapter quotes that
+    wording (listed in the record), never a first-person form no pinned source holds."""
+    import re
+
+    def flat(text):
+        return re.sub(r"\s+", " ", text)
+
+    prose = flat(" ".join("".join(c["source"]) for c in _chapter_cells()
+                          if c["cell_type"] == "markdown"))
+    passages = _press_record()["source"]["quoted_passages"]["passages"]
+    listed = " ".join(p["text"] for p in passages)
+    for quote in ("The authors initially experimented with making the slopes trainable, but this "
+                  "did not yield strong extrapolation results",
+                  "The ALiBi models cannot improve perplexity when looking at longer sequences in "
+                  "this setting, but they keep perplexity flat",
+                  "ALiBi might not be using contexts longer than the ones it was trained on"):
+        assert f'"{quote}' in prose or f"{quote}\"" in prose, quote
+        assert quote in listed, quote
+    for first_person in ("We initially experimented", "our ALiBi models cannot"):
+        assert first_person not in prose
+    for p in passages:
+        assert p["transcription_path"].startswith("references/") and p["page"] in (2, 5, 24)
