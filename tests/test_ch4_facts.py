@@ -541,3 +541,26 @@ def test_masked_pairs_get_minus_inf_and_padding_the_most_negative_finite_value()
         assert bool(torch.isneginf(mask[future & ~padding]).all())
         assert bool((mask[padding] == torch.finfo(dtype).min).all())
         assert bool((mask[~future & ~padding] == 0).all())
+
+
+def test_a8_claims_committed_before_both_recorded_runs():
+    """The A8 cell states as a fact that chapter 5's claims were committed in 5abe3be on
+    2026-12-02, before both recorded runs: the commit's date, and the claims_written of each
+    record after it."""
+    import shutil
+    import subprocess
+    from datetime import datetime
+
+    source = _cell("499b3f49")
+    assert "commit `5abe3be`" in source and "2026-12-02" in source
+    if shutil.which("git") is None:
+        pytest.skip("git is not installed")
+    out = subprocess.run(["git", "-C", str(ROOT), "show", "-s", "--format=%cI", "5abe3be"],
+                         capture_output=True, text=True)
+    if out.returncode != 0:
+        pytest.skip(f"git show 5abe3be: {out.stderr.strip()[:80]} (a shallow clone?)")
+    committed = datetime.fromisoformat(out.stdout.strip())
+    assert committed.date().isoformat() == "2026-12-02"
+    for name in ("benchmark_cpu.json", "benchmark_cpu_loaded.json"):
+        stored = json.loads((ROOT / "book" / "data" / name).read_text())
+        assert committed < datetime.fromisoformat(stored["claims_written"]), name
