@@ -157,3 +157,17 @@ def test_get_rope_index_reads_the_token_types_not_the_ids():
                                   r"current_input_ids\b", u) for u in uses)
     assert "input_token_type = mm_token_type_ids[batch_idx]" in _lines(
         modeling_qwen2_5_vl.Qwen2_5_VLModel.get_rope_index)
+
+
+def test_qwen3_norms_before_rotating_and_hunyuan_after():
+    """The QK-norm section: Qwen3 normalises q and k, then rotates; HunYuan-V1-Dense rotates, then
+    normalises (the order each model's attention forward runs them in)."""
+    from transformers.models.hunyuan_v1_dense import modeling_hunyuan_v1_dense
+    from transformers.models.qwen3 import modeling_qwen3
+
+    rope = "query_states, key_states = apply_rotary_pos_emb(query_states, key_states, cos, sin)"
+    qwen3 = _lines(modeling_qwen3.Qwen3Attention.forward)
+    norm = next(i for i, line in enumerate(qwen3) if line.startswith("query_states = self.q_norm("))
+    assert norm < qwen3.index(rope)
+    hunyuan = _lines(modeling_hunyuan_v1_dense.HunYuanDenseV1Attention.forward)
+    assert hunyuan.index(rope) < hunyuan.index("query_states = self.query_layernorm(query_states)")
