@@ -26,6 +26,7 @@ L = PILOT["config"]["train_len"]
 
 def test_the_pilot_has_one_row_per_seed_and_its_copying_models_train_longer():
     seeds = set(PILOT["seeds"])
+    assert len(PILOT["seeds"]) == 5  # the chapter's "five seeds"
     for key in ("records", "fixed_targets", "all_tokens", "retrieval", "attention_distance"):
         assert {r["seed"] for r in PILOT[key]} == seeds, key
     copy = {f"{name}+copy" for name in PILOT["copy_encodings"]}
