@@ -345,3 +345,51 @@ def test_the_summary_states_the_articles_class_errors_in_their_order():
     assert "a `NameError` at construction" in text and "an `AttributeError`" in text
     source = _cell("003d70bf")  # the article's class alone, built before the ADDED classes
     assert "class RotaryPositionEmbedding" not in source and "except NameError" in source
+
+
+def _means(payload, task, length=128):
+    out = {}
+    for r in payload["records"]:
+        if r["task"] == task:
+            out.setdefault(r["encoding"], []).append(r[f"acc_{length}"])
+    return {k: sum(v) / len(v) for k, v in out.items()}
+
+
+def test_the_plain_readings_of_the_alpha_sweep_and_the_factors():
+    main, abl = _record(), json.loads((DATA / "hybrid_ablation.json").read_text())
+    dec, main_dec = _decided("hybrid_ablation"), _decided("hybrid_results")
+    sweep = {0.25: "alpha_0.25", 0.5: "seed_alpha", 0.75: "alpha_0.75", 1.0: "rope"}
+    means = {t: {**_means(main, t), **_means(abl, t)} for t in ("latest", "offset")}
+    lat = [means["latest"][sweep[a]] for a in sorted(sweep)]
+    assert lat == sorted(lat, reverse=True)  # falls as alpha rises; the best at the edge, 0.25
+    assert max(lat) < means["latest"]["hybrid_learnable"]  # none reaches the learnable hybrid
+    off = [means["offset"][sweep[a]] for a in sorted(sweep)]
+    assert off != sorted(off, reverse=True)  # the offset means' order is not alpha's
+    lr_c, mix_lr = "latest@128: lr_only > hybrid_half", "latest@128: seed_alpha > lr_only"
+    assert -0.01 < dec[lr_c]["low"] < 0 and dec[lr_c]["high"] > main_dec[EQ_REC]["mean"]
+    assert abs(dec[mix_lr]["mean"]) < 0.01  # lr only beside the mix
+
+
+def test_the_plain_readings_of_the_slope_sweep_and_past_L():
+    rep = json.loads((DATA / "hybrid_replication.json").read_text())
+    acc = {(r["seed"], r["task"], r["encoding"]): r for r in rep["records"]}
+    gap = {}
+    for f, (mix, c1) in {0.25: ("alpha_0.75", "slope_0.25"), 0.5: ("seed_alpha", "hybrid_half"),
+                         0.75: ("alpha_0.25", "slope_0.75")}.items():
+        gap[f] = sum(acc[s, "latest", mix]["acc_128"] - acc[s, "latest", c1]["acc_128"]
+                     for s in rep["seeds"]) / len(rep["seeds"])
+    assert abs(gap[0.25]) < 0.02 and abs(gap[0.5]) < 0.02 and gap[0.75] > 0.03
+    lat = _means(rep, "latest")
+    assert lat["alpha_0.25"] - lat["alpha_0.75"] > lat["slope_0.75"] - lat["slope_0.25"]
+    assert abs(lat["alibi"] - lat["hybrid_learnable"]) < 0.01  # the dotted lines nearly overlap
+    # past L on the offset copy: measured, and the whole-window estimate, agree to 0.01
+    past, whole, short = (_means(rep, "offset", n) for n in ("past_128", 128, 32))
+    n_all, n_in = 125, 29
+    for k, measured in (("rope", 0.13), ("hybrid", 0.54)):
+        est = (whole[k] * n_all - short[k] * n_in) / (n_all - n_in)
+        assert round(past[k], 2) == measured and abs(est - past[k]) < 0.01
+    past_lat = _means(rep, "latest", "past_128")
+    shown = ("rope", "alibi", "hybrid", "hybrid_learnable", "seed_alpha", "hybrid_half")
+    lead = sorted(shown, key=past_lat.get, reverse=True)  # the main record's six variants
+    assert set(lead[:2]) == {"alibi", "hybrid_learnable"} and lead[2] == "hybrid"
+    assert set(lead[3:5]) == {"seed_alpha", "hybrid_half"} and lead[-1] == "rope"
