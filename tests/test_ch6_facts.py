@@ -393,3 +393,31 @@ def test_the_plain_readings_of_the_slope_sweep_and_past_L():
     lead = sorted(shown, key=past_lat.get, reverse=True)  # the main record's six variants
     assert set(lead[:2]) == {"alibi", "hybrid_learnable"} and lead[2] == "hybrid"
     assert set(lead[3:5]) == {"seed_alpha", "hybrid_half"} and lead[-1] == "rope"
+
+
+def test_the_plain_readings_of_the_main_results():
+    """The numbers chapter 6's prose quotes from the main record's tables and printouts."""
+    rec, dec = _record(), _decided("hybrid_results")
+    text = " ".join(_chapter_markdown().split())
+    acc = {}
+    for r in rec["records"]:
+        acc.setdefault((r["task"], r["encoding"]), []).append(r)
+    at_L = [dec[f"offset@32: {k} > alibi"]["mean"] for k in
+            ("rope", "hybrid", "hybrid_learnable", "seed_alpha", "hybrid_half")]
+    assert f"{min(at_L):.2f} to {max(at_L):.2f}" == "0.82 to 0.84"
+    alibi_off = [r[f"acc_{n}"] for r in acc["offset", "alibi"] for n in rec["eval_lens"]]
+    assert f"{min(alibi_off):.2f} and {max(alibi_off):.2f}" == "0.13 and 0.17"
+    assert min(alibi_off) > 4 / 32  # more than 4 times chance
+    past_off = [dec[f"offset@128: {k} > rope"]["low"] for k in
+                ("hybrid", "hybrid_learnable", "seed_alpha", "hybrid_half")]
+    assert f"{min(past_off):+.2f}" == "+0.18"
+    assert sum(r["acc_128"] >= 0.95 for r in acc["offset", "hybrid"]) == 7
+    assert f"{max(r['acc_128'] for r in acc['offset', 'rope']):.2f}" == "0.41"
+    mean = lambda k: sum(r["acc_128"] for r in acc["latest", k]) / len(acc["latest", k])  # noqa: E731
+    assert (f"{mean('seed_alpha'):.3f}", f"{mean('alibi'):.3f}") == ("0.745", "0.940")
+    bound = dec["latest@128: alibi > hybrid"]["low"] + dec["latest@128: hybrid > seed_alpha"]["low"]
+    assert f"{bound:.3f}" == "0.135"
+    for quoted in ("by 0.82 to 0.84", "between 0.13 and 0.17", "lower ends from +0.18",
+                   "on 7 of 20 seeds", "never passes 0.41", "at least 0.135", "(p = 0.0023)",
+                   "0.745 on average against ALiBi's 0.940"):
+        assert quoted in text, quoted
