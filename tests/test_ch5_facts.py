@@ -161,3 +161,60 @@ def test_the_two_records_disagree_beyond_their_family_intervals_on_a11_and_r5():
     assert {"A11", "R5"} <= set(disjoint)
     assert q["A11"]["low"] > 1 > o["A11"]["low"]
     assert q["A11"]["verdict"] == "holds" and o["A11"]["verdict"] == "not resolved"
+
+
+def test_the_stored_verdicts_follow_from_the_stored_records():
+    """Deciding each record's family again from its records gives its stored verdicts and
+    intervals, claim for claim; every record a claim reads finished."""
+    import math
+
+    from benchmarks import suite as bs
+
+    for path in (QUIET, LOADED):
+        stored, records = _load(path)
+        claims, alpha = stored["claims"], stored["alpha"]
+
+        def selected(r, groups):
+            return all(r.params.get("seq_len") in want if key == "lengths"
+                       else r.params.get(key) == want for key, want in groups.items())
+
+        used = [r for c in claims for r in records
+                if r.case in (c["case"], c["against"]) and selected(r, c["groups"])]
+        assert used and all(r.ok for r in used), path.name
+        decided = bs.decide_claims(records, claims, alpha)
+        assert [d["id"] for d in decided] == [c["id"] for c in claims]
+        assert len(decided) == 24
+        for mine, theirs in zip(decided, stored["decided"], strict=True):
+            assert mine["verdict"] == theirs["verdict"], (path.name, mine["id"])
+            assert all(math.isclose(mine[key], theirs[key], rel_tol=1e-9)
+                       for key in ("low", "high")), (path.name, mine["id"])
+
+
+def test_the_cached_bias_is_built_once():
+    """A second request for the (1, 8, 1024, 1024) bias returns the same storage."""
+    import tutorial_pkg as tp
+
+    enc = tp.make_encoding("alibi", n_heads=8)
+    first = tp.backends.cached_bias(enc, 0, 1024, 1024, causal=True, device="cpu")
+    second = tp.backends.cached_bias(enc, 0, 1024, 1024, causal=True, device="cpu")
+    assert tuple(first.shape) == (1, 8, 1024, 1024)
+    assert second.data_ptr() == first.data_ptr()
+    tp.backends.clear_caches(enc)
+
+
+def test_the_quiet_run_is_a_second_look_from_another_working_tree():
+    """The rule's commit message reports the first run's verdicts, the small costs not
+    resolved, so the quiet run came after the first was read; the two records ran from
+    different dirty working trees, whose difference touches the flex path A11 measures."""
+    message = _git("show", "-s", "--format=%B", RULE_COMMIT)
+    assert "the small costs" in message and "are not resolved" in message
+    quiet, _ = _load(QUIET)
+    loaded, _ = _load(LOADED)
+    q, o = quiet["hardware"]["commit"], loaded["hardware"]["commit"]
+    assert q.startswith("ff2a02e") and o.startswith("8b65bc9")
+    assert q.endswith("+dirty") and o.endswith("+dirty")
+    assert loaded["hardware"]["date"] < quiet["hardware"]["date"]
+    changed = _git("diff", "--name-only", o.removesuffix("+dirty"),
+                   q.removesuffix("+dirty")).split()
+    assert "tutorial_pkg/attention/_flex.py" in changed
+    assert "tutorial_pkg/attention/backends.py" in changed
