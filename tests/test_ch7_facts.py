@@ -15,7 +15,7 @@ from datetime import datetime
 from pathlib import Path
 
 from tutorial_pkg.experiments.retrieval import copy_distances
-from tutorial_pkg.experiments.stats import paired_differences
+from tutorial_pkg.experiments.stats import paired_differences, verdict
 
 DATA = Path(__file__).resolve().parents[1] / "book" / "data"
 PILOT = json.loads((DATA / "extrapolation_results.json").read_text())
@@ -84,6 +84,15 @@ def test_the_stored_decisions_are_the_chapters_family_wise_intervals():
     for d in PRE["decided"]:
         for bound in ("low", "high"):
             assert abs(family[d["claim"]][bound] - d[bound]) < 1e-9
+
+
+def test_the_stored_verdicts_are_what_the_family_wise_intervals_decide():
+    # the chapter decides each claim from its interval; the script stored the same verdict
+    pairs = {c["claim"]: (_values(c["a"]), _values(c["b"])) for c in PRE["claims"]}
+    family = paired_differences(pairs, family=True)
+    decided = {c["claim"]: verdict(family[c["claim"]], c["test"], c.get("margin"))
+               for c in PRE["claims"]}
+    assert decided == {d["claim"]: d["verdict"] for d in PRE["decided"]}
 
 
 def test_the_smollm2_record_holds_the_whole_grid_and_one_decision_per_claim():
