@@ -123,3 +123,33 @@ def test_chapter_1_reads_press_table_2_from_its_record_and_types_none_of_it():
     typed = sorted(v for v in values if re.search(rf"(?<![\d.]){re.escape(f'{v:.2f}')}(?!\d)", code)
                    or re.search(rf"(?<![\d.]){re.escape(repr(v))}(?!\d)", code))
     assert not typed, typed
+
+
+def test_chapter_1_states_press_table_2_as_the_record_has_it():
+    """The prose about Press et al.'s sinusoidal column (plain Markdown) states the record's
+    values: its score at L, its best rows, the first row worse than at L, and the later rows."""
+    nb = json.loads((ROOT / "book/01_sinusoidal.ipynb").read_text(encoding="utf-8"))
+    text = "\n".join("".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "markdown")
+    text = " ".join(text.split())
+    table = json.loads((ROOT / "book/data/press_tables.json").read_text())["tables"]["table_2"]
+    col = {int(n): row["sinusoidal"] for n, row in table["perplexity"].items()}
+    L = table["train_length"]
+    at_L, best = col[L], min(col.values())
+    best_at = [n for n, v in col.items() if v == best]
+    first_worse = min(n for n, v in col.items() if v > at_L)
+    before = max(n for n in col if n < first_worse)
+    last = max(col)
+    stated = [
+        f"scores {at_L:.2f} at $L$ and *improves* just past it: {col[513]:.2f} at 513 tokens, "
+        f"{best:.2f} from {best_at[0]} to {best_at[-1]}",
+        f"worse than at $L$ is {first_worse} tokens, {first_worse - L} past $L$ (the table steps "
+        f"by {first_worse - before} tokens there, so it crosses somewhere from {before + 1} to "
+        f"{first_worse})",
+        f"{col[612]:.2f} at 612, {col[1012]:.2f} at 1012 (about $2L$) and {col[last]:.0f} at "
+        f"{last / L:.0f} times $L$",
+        f"at its best {best_at[0] - L} to {best_at[-1] - L} tokens past $L$ ({best:.2f}, against "
+        f"{at_L:.2f} at $L$), worse than at $L$ from the tabulated length {first_worse - L} tokens "
+        f"past it on, and at {col[1012]:.2f} by about $2L$",
+    ]
+    missing = [s for s in stated if s not in text]
+    assert not missing, missing
