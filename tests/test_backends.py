@@ -421,3 +421,47 @@ def test_flex_runs_eagerly_where_the_compiled_cpu_kernel_cannot_be_built(tmp_pat
     run = subprocess.run([sys.executable, "-c", _FLEX_WITHOUT_AVX2], env=env,
                          capture_output=True, text=True, timeout=600)
     assert run.returncode == 0 and run.stdout.strip() == "ok", run.stderr[-2000:]
+
+
+def _decode_step(model, x, dtype=torch.float64):
+    """``model``'s output for the last token of ``x`` after the others were cached, and the
+    same step computed by a float64 naive copy on the same cached keys."""
+    import copy
+
+    ref = copy.deepcopy(model).to(dtype)
+    ref.backend = "naive"
+    with torch.no_grad():
+        cache = KVCache()
+        model(x[:, :-1], kv_cache=cache)
+        ref_cache = copy.deepcopy(cache)
+        ref_cache.k, ref_cache.v = cache.k.to(dtype), cache.v.to(dtype)
+        return model(x[:, -1:], kv_cache=cache), ref(x[:, -1:].to(dtype), kv_cache=ref_cache)
+
+
+def test_auto_decoding_step_keeps_float32_precision_at_long_context():
+    """One query against 8191 cached keys: the ALiBi row m_h j reaches m_h L; handed to the
+    kernel as it is, the entries near the query are rounded at that size (error 6.7e-6 here
+    before the row was taken relative to the last key); relative, they stay small."""
+    torch.manual_seed(0)
+    model = MultiHeadAttention(64, 8, tp.ALiBi(8), backend="auto").eval()
+    got, want = _decode_step(model, torch.randn(1, 8192, 64))
+    assert (got.double() - want).abs().max().item() < 1e-6
+
+
+def test_auto_decoding_step_passes_a_row_not_a_table_where_the_key_row_call_is_not_probed():
+    """On a device whose kernel rules refuse the undocumented key-row call (every GPU type),
+    a decoding step still passes one row per head (the documented float-mask call without
+    is_causal), so no (H, T, T) table is built for it."""
+    torch.manual_seed(0)
+    model = MultiHeadAttention(32, 4, tp.ALiBi(4), backend="auto").eval()
+    x = torch.randn(1, 301, 32)
+    with backends.assume_kernels("cpu", key_bias=False):
+        with torch.no_grad():
+            cache = KVCache()
+            model(x[:, :-1], kv_cache=cache)  # the documented 4-D table for the prompt
+            model.clear_cache()
+            out = model(x[:, -1:], kv_cache=cache)
+        kept = backends.cached_tensors(model.encoding)
+    assert kept and all(t.shape[-2] == 1 for t in kept), [tuple(t.shape) for t in kept]
+    _, want = _decode_step(model, x)
+    torch.testing.assert_close(out.double(), want, atol=1e-5, rtol=1e-5)

@@ -216,7 +216,11 @@ def auto_key_bias(q, k, plan: AttentionPlan, encoding: PositionEncoding, *, drop
 
     Only for float32 and float64 q: the row is handed to the kernel in q's dtype, and in
     16 bits ``m j`` loses the differences between neighbouring keys (the row grows with
-    ``j`` and, unlike a square table, cannot be shifted per query)."""
+    ``j`` and, unlike a square table, cannot be shifted per query). One query (a decoding
+    step) gets the row relative to its last key, a documented call on any device. Several
+    queries get ``m_h j`` itself where the probe passed: in float32 its entries near query
+    ``i`` are rounded to about ``m_h i 2^-24`` (about 1e-3 at ``m_h i = 16384``), so at long
+    lengths ``"flex"`` keeps more of float32's precision."""
     if q.dtype not in (torch.float32, torch.float64):
         return None
     if dropout_p or plan.reads_data or plan.windowed or not _overrides(encoding, "key_bias"):
@@ -232,6 +236,12 @@ def auto_key_bias(q, k, plan: AttentionPlan, encoding: PositionEncoding, *, drop
         row = None if row is None else _as_4d(row)
     if row is None or (row.requires_grad and torch.is_grad_enabled()):
         return None  # no key-only form, or a learnable bias (fused kernels give no mask grad)
+    if plan.s == 1:
+        # One query: the row alone, without is_causal (the documented float-mask call, on
+        # every device), taken relative to the last key (a constant per head: the same
+        # softmax), so the entries near the query stay small and keep float32's precision
+        # at any length (m_h j itself reaches m_h L_k).
+        return row - row[..., -1:]
     if not key_bias_supported(q.device, q.dtype, q.shape[1] != k.shape[1], q.shape[-1]):
         return None
     return row
