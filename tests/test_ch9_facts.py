@@ -171,3 +171,131 @@ def test_qwen3_norms_before_rotating_and_hunyuan_after():
     assert norm < qwen3.index(rope)
     hunyuan = _lines(modeling_hunyuan_v1_dense.HunYuanDenseV1Attention.forward)
     assert hunyuan.index(rope) < hunyuan.index("query_states = self.query_layernorm(query_states)")
+
+
+# ---- the prose's readings of stored records and stored outputs -------------------------------
+# The chapter's cells print what a record or a probe holds; the readings the prose gives of them
+# are checked here, so that a changed record (or a changed run) fails a test, not a reader's cell.
+
+DATA = CHAPTER.parent / "data"
+
+
+def _text(cell_id):
+    """A cell's source with its line breaks and runs of spaces folded to one space."""
+    return " ".join(_cell(cell_id).split())
+
+
+def _output(cell_id):
+    cells = json.loads(CHAPTER.read_text())["cells"]
+    cell = next(c for c in cells if c.get("id") == cell_id)
+    return "".join("".join(o.get("text", "")) for o in cell["outputs"])
+
+
+def _signed(x, digits=3):
+    """A difference as the prose writes it: explicit sign, Unicode minus."""
+    return f"{x:+.{digits}f}".replace("-", "\u2212")
+
+
+def test_the_empty_row_reading_of_the_cpu_kernels():
+    """Bug 4 (cells 4e67aa1c / ef86a8eb): on the CPU that stored the outputs, the two kernels that
+    take the mask, math and flash_attention, give the padded row zeros in every dtype tried."""
+    out = _output("4e67aa1c")
+    assert "SDPA on cpu, the padded row's first query:" in out
+    rows = [line.split() for line in out.split("the padded row's first query:\n")[1].splitlines()]
+    assert {kernel for kernel, _, _ in rows} == {"math", "flash_attention"}
+    assert {dtype for _, dtype, _ in rows} == {"float32", "float16", "bfloat16"} and len(rows) == 6
+    assert {verdict for _, _, verdict in rows} == {"zeros"}
+    text = _text("ef86a8eb")
+    assert ("(`math` and `flash_attention`) give the empty row zeros in every dtype tried" in text)
+
+
+def _alibi_rounding(report):
+    m = re.search(r"bias rounding: max ([\d.]+) nats, above tol from distance (\d+)", report)
+    return float(m.group(1)), int(m.group(2))
+
+
+def test_the_bf16_alibi_readings():
+    """Bug 10 (cells e16c6cf7, 347744d3 -> 2e1265e1): the key-only bias is off from distance 1 by
+    up to 1.5; the mask the package hands SDPA for bfloat16 q is exact up to distance 256 and off by
+    up to 1 at the longest distances of 16L."""
+    key_only = _alibi_rounding(_output("e16c6cf7"))
+    handed = _alibi_rounding(
+        _output("347744d3").split("bfloat16 q, the package's sdpa backend:")[1])
+    assert key_only == (1.5, 1) and handed == (1.0, 257)
+    text = _text("2e1265e1")
+    assert f"exact up to distance {handed[1] - 1}" in text
+    assert f"off by up to {handed[0]:g} score unit" in text
+    assert f"off from distance {key_only[1]} on, by up to {key_only[0]:g}" in text
+
+
+def _nll(record):
+    return {(r["rule"], r["length"]): r["nll_by_block"] for r in record["results"]}
+
+
+def _mean(xs):
+    return sum(xs) / len(xs)
+
+
+def test_the_yarn_factor_reading():
+    """Bug 12 (cell b0c59513 -> 63a3e826): the verdicts, differences, intervals, blocks and
+    perplexities the text gives, from smollm2_yarn_factor.json and chapter 7's record."""
+    import math
+
+    yarn = json.loads((DATA / "smollm2_yarn_factor.json").read_text())
+    context = json.loads((DATA / "smollm2_context.json").read_text())
+    decided = {d["claim"]: d for d in yarn["decided"]}
+    dropped, twice = (decided["dropping the factor costs at 2x"],
+                      decided["applying it twice costs at 2x"])
+    assert (dropped["verdict"], twice["verdict"]) == ("not resolved", "holds")
+    nll, unscaled = _nll(yarn), _nll(context)
+    higher = {}
+    for c in yarn["claims"]:
+        d = [a - b for a, b in zip(nll[c["rule"], c["length"]],
+                                   nll[c["against"], c["against_length"]], strict=True)]
+        higher[c["claim"]] = sum(x > 0 for x in d)
+    assert higher == {"dropping the factor costs at 2x": 1, "applying it twice costs at 2x": 4}
+    text = _text("63a3e826")
+    ppl = lambda key, table=nll: f"{math.exp(_mean(table[key])):.1f}"  # noqa: E731
+    assert (f"the unscaled model's perplexity is {ppl(('none', 16384), unscaled)} and YaRN as "
+            f"configured brings it to {ppl(('yarn', 16384))}") in text
+    assert (f"moves the loss by {_signed(dropped['difference'])} nats per token, interval "
+            f"[{_signed(dropped['low'])}, {_signed(dropped['high'])}], which includes 0: not "
+            "resolved (the loss rises in 1 of the 4 blocks and falls in the other 3)") in text
+    assert (f"costs {_signed(twice['difference'])} nats per token, interval "
+            f"[{_signed(twice['low'])}, {_signed(twice['high'])}]: the claim holds, and the loss "
+            "rises in all 4 blocks") in text
+    assert (f"the perplexities are {ppl(('yarn', 512))} as configured, "
+            f"{ppl(('yarn, factor dropped', 512))} without the factor and "
+            f"{ppl(('yarn, factor twice', 512))} with it twice") in text
+
+
+def test_the_yarn_inside_the_trained_length_reading():
+    """Bug 14, the real model (cell bb8235c0 -> 6defe489): YaRN costs in every block at both
+    lengths the record has inside the trained length."""
+    context = json.loads((DATA / "smollm2_context.json").read_text())
+    nll = _nll(context)
+    inside = sorted(n for rule, n in nll if rule == "none"
+                    and n <= context["original_max_position_embeddings"])
+    assert len(inside) == 2
+    assert all(a > b for n in inside for a, b in zip(nll["yarn", n], nll["none", n], strict=True))
+    assert "YaRN costs in every block at both lengths" in _text("6defe489")
+
+
+def test_the_cpu_sdpa_mask_reading():
+    """Bug 16 (cell 6560500f, text ch9-sdpa-cpu-md): avx2 and default off by 3.54 where outputs
+    reach 2.53, the CPU's own AVX512 kernels within the tolerance, the mask in q's dtype right at
+    every level."""
+    record = json.loads((DATA / "sdpa_avx2_mask.json").read_text())
+    runs = {r["ATEN_CPU_CAPABILITY"]: r for r in record["runs"]}
+    assert set(runs) == {"avx2", "default", None}
+    wrong = {runs[c]["max_error"] for c in ("avx2", "default")}
+    assert all(not runs[c]["right"] for c in ("avx2", "default")) and len(wrong) == 1
+    scale = {r["output_scale"] for r in runs.values()}
+    assert len(scale) == 1 and all(r["right_fixed"] for r in runs.values())
+    assert runs[None]["right"] and record["tolerance"] == 1e-12
+    text = _text("ch9-sdpa-cpu-md")
+    assert (f"the outputs are off from float64 math by up to {wrong.pop():g}, where the outputs "
+            f"themselves reach at most {scale.pop():g}") in text
+    assert f"with the CPU's own kernels ({runs[None]['capability']}) they are within $10^{{-12}}$" \
+        in text
+    assert "with the mask cast to q's dtype the call is right at every level" in text
