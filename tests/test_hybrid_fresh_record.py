@@ -7,14 +7,11 @@ from __future__ import annotations
 
 import json
 import subprocess
-from datetime import datetime
 from pathlib import Path
-
-import pytest
 
 import benchmarks.ch6_learned_slopes as slopes
 import benchmarks.hybrid_fresh as fresh
-from tests.decisions import assert_same_decisions
+from tests.decisions import assert_same_decisions, committed_before_run
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT / "book" / "data"
@@ -40,19 +37,7 @@ def test_the_family_is_the_scripts_and_quotes_the_earlier_claims_verbatim():
 
 
 def test_the_claims_were_committed_before_the_run_started():
-    assert REC["status"] == "done"
-    started = datetime.fromisoformat(REC["started"])
-    assert datetime.fromisoformat(REC["claims_written"]) < started
-    try:
-        before = json.loads(_git("show", f"{REC['claims_commit']}:{fresh.OUT}"))
-        committed = datetime.fromisoformat(
-            _git("log", "-1", "--format=%cI", REC["claims_commit"]).strip())
-    except (OSError, subprocess.CalledProcessError):
-        pytest.skip("the claims' commit is not in this clone (shallow?)")
-    assert committed < started
-    assert REC["commit"] == REC["claims_commit"]  # run from the commit that holds the family
-    assert before["status"] == "claims" and "records" not in before
-    assert before["claims"] == REC["claims"] and before["claims_written"] == REC["claims_written"]
+    committed_before_run(REC, fresh.OUT, ROOT)
 
 
 def test_the_seeds_are_used_by_no_earlier_record_of_chapter_6():
