@@ -500,7 +500,9 @@ class Hybrid(PositionEncoding):
     where ``s_h`` is 1, or a learnable positive per-head scale with
     ``learnable_scale=True`` (initialised at 1, stored as its log).
 
-    ``mix="alpha"`` reproduces the source articles' ``HybridPositionEncoding``:
+    ``mix="alpha"`` reproduces the ``HybridPositionEncoding`` of article 002 ("RoPE and ALiBi
+    in PyTorch: the mathematics and the engineering"; the other source article, 000, has no
+    hybrid):
     ``score = alpha (R q).(R k)/sqrt(d) + (1 - alpha) bias``. Note that ``alpha``
     also scales the *content* term (it acts as a softmax temperature), which is
     why it is not the default. It is implemented exactly through the hooks:
