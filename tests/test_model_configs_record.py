@@ -64,18 +64,19 @@ def test_gemma3_class_defaults_are_the_class_defaults():
 
 
 def test_chapter8_labels_as_its_prose_counts_them():
-    copied = [n for n in CHAPTER8 if RECORD[n]["copy"]]
+    ch8 = {**RECORD, **CH8_ONLY}  # what chapter 8 reads: a chapter8_only entry replaces its name
+    copied = [n for n in CHAPTER8 if ch8[n]["copy"]]
     assert copied == ["Llama 3.1 8B", "Qwen2.5 7B + YaRN", "Gemma 3 4B (global layers)",
-                      "DeepSeek-V3"]
-    assert [RECORD[n]["provenance"] for n in copied] == [
+                      "DeepSeek-V3", "SmolLM3-3B"]
+    assert [ch8[n]["provenance"] for n in copied] == [
         "transcription", "transcription + model card", "transcription + class defaults",
-        "transcription"]
-    assert all(RECORD[n]["copy"]["commit"] for n in [*copied, "gpt-oss-20b"])
-    unsourced = [n for n in CHAPTER8 if RECORD[n]["provenance"].startswith("unsourced")]
+        "transcription", "transcription"]
+    assert all(ch8[n]["copy"]["commit"] for n in [*copied, "gpt-oss-20b"])
+    unsourced = [n for n in CHAPTER8 if ch8[n]["provenance"].startswith("unsourced")]
     assert unsourced == ["Llama 4 Scout", "Phi-4-mini"]
     rest = set(CHAPTER8) - set(copied) - set(unsourced)
-    assert rest == {"SmolLM3-3B", "Qwen3-Next-80B-A3B-Instruct"}
-    assert all("not a copy of the file" in RECORD[n]["provenance"] for n in rest)
+    assert rest == {"Qwen3-Next-80B-A3B-Instruct"}
+    assert all("not a copy of the file" in ch8[n]["provenance"] for n in rest)
     # the keys chapter 8 says no source shows
     assert "head_dim" not in RECORD["Llama 3.1 8B"]["config"]
     assert "rope_interleave" not in RECORD["DeepSeek-V3"]["config"]
@@ -110,8 +111,9 @@ def test_gemma4_e2b_entry_is_the_pinned_copy_and_not_the_class_defaults():
     # what chapter 8 prints: the class's defaults are not E2B's schedule
     assert (cls.num_hidden_layers, cls.layer_types[:6]) == (
         30, ["sliding_attention"] * 5 + ["full_attention"])
-    # nor is chapter 10's table, which reads only the "models" entries, given this one
-    assert not set(CH8_ONLY) & set(RECORD)
+    # nor is chapter 10's table, which reads only the "models" entries, given this one; the one
+    # name both sections hold is SmolLM3-3B, whose pinned copy replaces the entry for chapter 8
+    assert set(CH8_ONLY) & set(RECORD) == {"SmolLM3-3B"}
 
 
 def test_gemma4_e2b_kv_sharing_is_the_copys():
@@ -148,7 +150,30 @@ def test_qwen35_27b_entry_is_the_pinned_copy():
 
 def test_entries_without_a_pinned_copy_chapter8_labels_alike():
     # chapter 8 labels every entry it reads that has no pinned copy "not from a pinned file"
-    unpinned = [n for n in CHAPTER8 if not RECORD[n]["copy"]]
-    assert unpinned == ["Llama 4 Scout", "Phi-4-mini", "SmolLM3-3B",
-                        "Qwen3-Next-80B-A3B-Instruct"]
+    ch8 = {**RECORD, **CH8_ONLY}
+    unpinned = [n for n in CHAPTER8 if not ch8[n]["copy"]]
+    assert unpinned == ["Llama 4 Scout", "Phi-4-mini", "Qwen3-Next-80B-A3B-Instruct"]
     assert all(e["copy"] for e in CH8_ONLY.values())
+
+
+def test_smollm3_pinned_copy_replaces_the_third_party_values_for_chapter8():
+    e, old = CH8_ONLY["SmolLM3-3B"], RECORD["SmolLM3-3B"]
+    assert e["provenance"] == "transcription" and e["checkpoint"] == old["checkpoint"]
+    assert (e["copy"]["repo"], e["copy"]["path"], e["copy"]["commit"][:8]) == (
+        "fetchwiki/HuggingFaceTB-SmolLM3-3B", "config.json", "24f7882f")
+    cfg = e["config"]
+    # the copy's keys (read from the copy at that commit) agree with the third-party values
+    assert {k: cfg[k] for k in old["config"]} == old["config"]
+    assert "head_dim" not in cfg  # the file has none: 2048 / 16 = 128
+    assert cfg["no_rope_layers"] == [int((i + 1) % 4 != 0) for i in range(36)]  # 1 = RoPE
+    assert cfg["no_rope_layer_interval"] == 4 and cfg["layer_types"] == ["full_attention"] * 36
+
+
+def test_qwen25_card_passage_is_pinned_and_gives_the_entrys_block():
+    card = FILE["chapter8_only"]["model_cards"]["Qwen2.5 7B + YaRN"]
+    assert (card["copy"]["repo"], card["copy"]["commit"][:8]) == ("ZHUI/paddlenlp_model_readme",
+                                                                 "fb758ede")
+    assert card["copy"]["path"] == "Qwen/Qwen2.5-7B-Instruct/index.md"
+    assert card["checkpoint"] == RECORD["Qwen2.5 7B + YaRN"]["checkpoint"]
+    assert card["rope_scaling"] == RECORD["Qwen2.5 7B + YaRN"]["config"]["rope_scaling"]
+    assert card["quote"].startswith("Presently, vLLM only supports static YARN")
