@@ -11,7 +11,7 @@ import sys
 
 import torch
 
-from .._checks import fake_mode_active
+from .._checks import check_device, fake_mode_active
 from ..encodings.builtin import PositionEncoding
 from . import _caches
 from ._caches import _block_masks, _compiled_flex, _overrides
@@ -27,7 +27,7 @@ except ImportError as _err:  # pragma: no cover - depends on the installed torch
     _FLEX_IMPORT_ERROR = str(_err)
 
 __all__ = ["FLEX_TILE", "flex_available", "flex_compiles_on_cpu", "flex_blocker", "flex_kernel",
-           "flex_block_mask"]
+           "flex_block_mask", "flex_score_mod", "without_sinks"]
 
 #: FlexAttention's tile (block) size; below it, CPU calls run eagerly (``backends.flex``).
 FLEX_TILE = 128
@@ -110,6 +110,34 @@ def capped_score_mod(score_mod, cap: float):
 
     return capped
 
+
+
+def flex_score_mod(plan: AttentionPlan, encoding: PositionEncoding, batch: int, device):
+    """The encoding's ``score_mod`` for the plan (soft-capped where the plan caps), or None.
+
+    ``ValueError`` naming both devices if a tensor of the encoding is not on ``device``: a
+    ``score_mod`` captures the encoding's tensors as they are."""
+    if plan.default_positions:
+        score_mod = encoding.score_mod(q_offset=plan.start)
+    else:
+        score_mod = encoding.score_mod(0, plan.q_pos.expand(batch, -1).contiguous(),
+                                       plan.k_pos.expand(batch, -1).contiguous())
+    if plan.softcap is not None:
+        score_mod = capped_score_mod(score_mod, plan.softcap)
+    if score_mod is not None:
+        for name, t in (*encoding.named_buffers(), *encoding.named_parameters()):
+            check_device(f"{type(encoding).__name__}'s tensor {name}", t, device,
+                         fix="FlexAttention's score_mod captures it; move the encoding (or "
+                             "the layer) to that device with .to(device)")
+    return score_mod
+
+
+def without_sinks(out: torch.Tensor, lse: torch.Tensor, sinks: torch.Tensor) -> torch.Tensor:
+    """``out`` ``[b, H, s, d]`` rescaled by ``sigmoid(lse - sink_h)``: the share of the softmax
+    denominator ``e^lse + e^sink`` that the keys keep (``sum_j e^x_j = e^lse``)."""
+    work = torch.promote_types(out.dtype, torch.float32)  # float64 stays float64
+    keep = torch.sigmoid(lse.to(work) - sinks.to(work).view(1, -1, 1))[..., None]
+    return (out.to(work) * keep).to(out.dtype)
 
 def _mark_block_mask_dynamic(block_mask) -> None:
     # The block counts and indices grow with L / 128; unmarked, the first compile

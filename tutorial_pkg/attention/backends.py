@@ -5,68 +5,34 @@
 
     fn(q, k, v, plan, encoding, *, dropout_p=0.0, compile=True) -> out
 
-``q`` is ``[b, H, s, d]``, ``k`` and ``v`` ``[b, H_kv, L_k, d]`` (grouped-query when
-``H_kv < H``), all on one device; ``plan`` an :class:`~tutorial_pkg.attention.masks.AttentionPlan`
-(positions, cache offset, masks, scale); ``encoding`` a
-:class:`~tutorial_pkg.encodings.builtin.PositionEncoding`, whose bias hooks the backend calls.
-``out`` is ``[b, H, s, d]`` in q's dtype. Every backend computes
-``softmax(c q k^T + bias)`` (the bias after the scale ``c``, as in Hugging Face's layers),
-takes its mask from the plan's rules (:mod:`tutorial_pkg.attention.masks`), returns zeros for a
-query with no key (never NaN), handles its own fallback, and agrees with ``"naive"`` to
-tolerance (tested for every encoding). ``compile`` matters to ``"flex"`` only.
+``q`` ``[b, H, s, d]``; ``k``, ``v`` ``[b, H_kv, L_k, d]`` (grouped-query when ``H_kv < H``),
+on one device; ``plan`` an :class:`~tutorial_pkg.attention.masks.AttentionPlan` (positions,
+cache offset, masks, scale); ``encoding`` a
+:class:`~tutorial_pkg.encodings.builtin.PositionEncoding`, whose bias hooks the backend
+calls; ``out`` ``[b, H, s, d]`` in q's dtype. Every backend computes ``softmax(c q k^T +
+bias)`` (the bias after the scale ``c``, as in Hugging Face's layers), takes its mask from
+the plan's rules (:mod:`~tutorial_pkg.attention.masks`), returns zeros for a query with no
+key (never NaN), handles its own fallback (with a ``RuntimeWarning`` saying why) and agrees
+with ``"naive"`` to tolerance (tested for every encoding):
 
-* ``"naive"``: matmul, softmax, matmul, in float32 (float64 for float64 inputs); the
-  textbook form and the test oracle, the only one that returns weights (``need_weights``).
-* ``"sdpa"``: :func:`torch.nn.functional.scaled_dot_product_attention`; ``is_causal=True``
-  where there is neither bias nor mask, else a 4-D mask ``(1 or b, H, s, L_k)`` (the
-  bias cached per encoding: :func:`~tutorial_pkg.attention._caches.cached_bias`).
-* ``"flex"``: FlexAttention, the encoding's ``score_mod`` and the plan's block mask
-  (:func:`~tutorial_pkg.attention._flex.flex_block_mask`); nothing ``L x L`` is built.
-  Where it cannot run (:func:`~tutorial_pkg.attention._flex.flex_blocker` says why) it
-  warns (``RuntimeWarning``, "flex backend falls back to sdpa: ...") and computes
-  ``"sdpa"`` (``"naive"``, "falls back to naive", for a call with soft-capping or sinks).
-* Soft-capping and sinks (the plan's ``softcap``, ``sinks``): exact in ``"naive"`` and
-  ``"flex"`` (a ``score_mod``; the output rescaled by ``sigmoid(lse - sink)``); ``"sdpa"``
-  warns and computes ``"naive"``, ``"auto"`` computes ``"naive"``. On CPU, ``"flex"``
-  runs them eagerly below one tile and warns and computes ``"naive"`` from one tile on
-  (torch 2.13's compiled CPU kernel supports neither).
-* ``"auto"``: the default. Without a bias, the plain dispatch (``is_causal=True`` for a
-  whole causal sequence). With a key-only form of the bias
-  (:meth:`~tutorial_pkg.encodings.builtin.PositionEncoding.key_bias`: causal ALiBi and the
-  hybrid) and float32 or float64 q, an **undocumented fast path**:
-  ``scaled_dot_product_attention(q, k, v, attn_mask=row, is_causal=True)`` with the row
-  ``(1 or b, H, 1, L_k)`` in q's dtype (:func:`auto_key_bias`, :func:`sdpa_key_bias`).
-  PyTorch documents that pair of arguments as an error ("An error is thrown if both
-  attn_mask and is_causal are set"); torch 2.13's CPU kernel takes it and computes the
-  causal softmax with the row added, which the package's tests check on the CPU. So the
-  path is taken only on the CPU, where
-  :func:`~tutorial_pkg.attention._probe.key_bias_supported` has run the call at this dtype
-  and head width, with the kernel PyTorch selects and each fused kernel alone, forward and
-  backward, within tolerance of a float64 reference. On a GPU (and every other device type)
-  no run of the call is recorded, so ``"auto"`` is ``"sdpa"`` there, the documented 4-D
-  float mask (same numbers, an ``(H, L, L)`` table);
-  :func:`~tutorial_pkg.attention._probe.probe_key_bias` runs the check
-  on any device for a record.
+* ``"naive"``: matmul, softmax, matmul in at least float32: the textbook form, the test
+  oracle, the only one that returns weights (the layer's ``return_weights``).
+* ``"sdpa"``: :func:`torch.nn.functional.scaled_dot_product_attention`, ``is_causal=True``
+  where there is neither bias nor mask, else a 4-D boolean or q-dtype float mask.
+* ``"flex"``: FlexAttention with the encoding's ``score_mod`` and the plan's block mask;
+  nothing ``L x L`` is built (:func:`flex`).
+* ``"auto"``, the default: the plain dispatch without a bias; for causal ALiBi and the hybrid
+  in float32/float64 the key row with ``is_causal`` where the CPU probe passed (a call
+  PyTorch documents as an error: :func:`auto_key_bias`); else ``"sdpa"``.
 
-Every float mask handed to a kernel has q's dtype (PyTorch documents "a float mask of the
-same type as query"; torch 2.13's CPU kernel misreads a float32 mask with float64 q on
-some CPUs), built by :func:`~tutorial_pkg.attention.masks.additive_mask`.
+Soft-capping and sinks are exact in ``"naive"`` and ``"flex"``; ``"sdpa"`` and ``"auto"``
+compute ``"naive"`` for them. :func:`register_backend` adds your own under a name.
 
-:func:`register_backend` adds your own under a name; :class:`MultiHeadAttention
-<tutorial_pkg.attention.layer.MultiHeadAttention>` then takes it as ``backend=``. Only
-``"naive"`` returns weights: the layer's ``return_weights`` calls ``BACKENDS["naive"]``.
-
-Beside this module, private to it: the bias tables and block masks it caches
-(:mod:`~tutorial_pkg.attention._caches`), what it assumes of each device's kernels
-(:mod:`~tutorial_pkg.attention._kernel_rules`), the probe behind ``"auto"``'s key row
-(:mod:`~tutorial_pkg.attention._probe`) and FlexAttention's parts
-(:mod:`~tutorial_pkg.attention._flex`).
-
-Devices: what a backend builds for a call (tables, rows, block masks) is built on q's
-device from the encoding's constants. Learned tensors are never copied: elsewhere than q
-they raise ``ValueError`` naming both devices (for ``"flex"``, any tensor of the
-encoding). The one read back to the host is the key-row probe, once per
-(device type, dtype, GQA, head width).
+Private beside this module: the cached tables and block masks (``_caches``), what is assumed
+of each device's kernels (``_kernel_rules``), the probe behind ``"auto"``'s key row
+(``_probe``) and FlexAttention's parts (``_flex``). What a backend builds is built on q's
+device from the encoding's constants; learned tensors are never copied (elsewhere than q:
+``ValueError`` naming both devices).
 """
 
 from __future__ import annotations
@@ -77,10 +43,8 @@ import warnings
 import torch
 import torch.nn.functional as F
 
-from .._checks import check_device
 from ..encodings.builtin import PositionEncoding
 from ._caches import (  # noqa: F401 (re-exported for the chapters and tests)
-    MAX_BLOCK_MASKS,
     MAX_CACHED_TABLES,
     _as_4d,
     _overrides,
@@ -93,15 +57,15 @@ from ._caches import (  # noqa: F401 (re-exported for the chapters and tests)
 )
 from ._flex import (  # noqa: F401
     FLEX_TILE,
-    _mark_block_mask_dynamic,
-    capped_score_mod,
     flex_available,
     flex_block_mask,
     flex_blocker,
     flex_compiles_on_cpu,
     flex_kernel,
+    flex_score_mod,
+    without_sinks,
 )
-from ._kernel_rules import KERNEL_RULES, KernelRules, assume_kernels, kernel_rules  # noqa: F401
+from ._kernel_rules import KERNEL_RULES, assume_kernels, kernel_rules  # noqa: F401
 from ._probe import key_bias_supported, probe_key_bias  # noqa: F401
 from .masks import AttentionPlan, additive_mask
 
@@ -214,6 +178,17 @@ def sdpa(q, k, v, plan: AttentionPlan, encoding: PositionEncoding, *, dropout_p:
 def auto_key_bias(q, k, plan: AttentionPlan, encoding: PositionEncoding, *, dropout_p: float):
     """The float key row ``(1 or b, H, 1, L_k)`` for the ``"auto"`` path, or None (use sdpa).
 
+    With the key-only form of the bias
+    (:meth:`~tutorial_pkg.encodings.builtin.PositionEncoding.key_bias`: causal ALiBi, the
+    hybrid), several queries take an **undocumented** call,
+    ``scaled_dot_product_attention(q, k, v, attn_mask=row, is_causal=True)`` (PyTorch: "An
+    error is thrown if both attn_mask and is_causal are set"; torch 2.13's CPU kernel computes
+    the causal softmax with the row added). It is taken only on the CPU, where
+    :func:`~tutorial_pkg.attention._probe.key_bias_supported` has run it at this dtype and
+    head width (the selected kernel and each fused kernel alone, forward and backward,
+    against float64); on every other device no run is recorded and the 4-D mask of
+    ``"sdpa"`` is used (same numbers, an ``(H, L, L)`` table).
+
     Only for float32 and float64 q: the row is handed to the kernel in q's dtype, and in
     16 bits ``m j`` loses the differences between neighbouring keys (the row grows with
     ``j`` and, unlike a square table, cannot be shifted per query). One query (a decoding
@@ -282,14 +257,13 @@ def flex(q, k, v, plan: AttentionPlan, encoding: PositionEncoding, *, dropout_p:
     :func:`~tutorial_pkg.attention._flex.flex_blocker` names a reason (no FlexAttention,
     inputs that require grad on CPU, dropout, a single-token step, a bias without
     ``score_mod``, sinks or soft-capping in a compiled CPU call); to :func:`naive` instead
-    where the call has sinks or soft-capping, which SDPA cannot compute. A ``score_mod``
-    captures the encoding's tensors as they are, so every tensor of the encoding must live
-    on q's device (``ValueError`` naming both devices
-    otherwise). On CPU, calls shorter than
-    :data:`~tutorial_pkg.attention._flex.FLEX_TILE` run eagerly (torch 2.13: the compiled
-    CPU kernel is wrong there on AVX2 CPUs), and so does every call on a CPU where the
-    compiled kernel cannot be built (:func:`~tutorial_pkg.attention._flex.flex_compiles_on_cpu`),
-    with a ``RuntimeWarning``; ``compile=False`` runs every call eagerly.
+    where the call has sinks or soft-capping, which SDPA cannot compute. Every tensor of the
+    encoding must live on q's device (:func:`~tutorial_pkg.attention._flex.flex_score_mod`).
+    On CPU, calls shorter than :data:`~tutorial_pkg.attention._flex.FLEX_TILE` run eagerly
+    (torch 2.13: the compiled CPU kernel is wrong there on AVX2 CPUs), and so does every call
+    on a CPU where the compiled kernel cannot be built
+    (:func:`~tutorial_pkg.attention._flex.flex_compiles_on_cpu`), with a ``RuntimeWarning``;
+    ``compile=False`` runs every call eagerly.
     """
     eager = not compile or (q.device.type == "cpu" and min(plan.s, plan.k_len) < FLEX_TILE)
     if not eager and q.device.type == "cpu" and not flex_compiles_on_cpu():
@@ -307,18 +281,7 @@ def flex(q, k, v, plan: AttentionPlan, encoding: PositionEncoding, *, dropout_p:
                       stacklevel=3)
         return sdpa(q, k, v, plan, encoding, dropout_p=dropout_p)
     batch = q.shape[0]
-    if plan.default_positions:
-        score_mod = encoding.score_mod(q_offset=plan.start)
-    else:
-        score_mod = encoding.score_mod(0, plan.q_pos.expand(batch, -1).contiguous(),
-                                       plan.k_pos.expand(batch, -1).contiguous())
-    if plan.softcap is not None:
-        score_mod = capped_score_mod(score_mod, plan.softcap)
-    if score_mod is not None:
-        for name, t in (*encoding.named_buffers(), *encoding.named_parameters()):
-            check_device(f"{type(encoding).__name__}'s tensor {name}", t, q.device,
-                         fix="FlexAttention's score_mod captures it; move the encoding (or "
-                             "the layer) to that device with .to(device)")
+    score_mod = flex_score_mod(plan, encoding, batch, q.device)
     # the dynamic compile only for the common call: default positions (a score_mod that
     # captures position tensors does not build with dynamic shapes on CPU), whole causal
     # sequence, no padding, no documents, no window (a mask_mod that captures the window
@@ -335,11 +298,8 @@ def flex(q, k, v, plan: AttentionPlan, encoding: PositionEncoding, *, dropout_p:
             q, k, v, score_mod=score_mod, block_mask=block_mask, return_lse=sinks,
             **_kernel_kwargs(q, k, plan)
         )
-    if sinks:  # sum_j e^x_j = e^lse: the sink's share of the denominator, taken out
-        out, lse = out
-        work = torch.promote_types(q.dtype, torch.float32)  # float64 stays float64
-        keep = torch.sigmoid(lse.to(work) - plan.sinks.to(work).view(1, -1, 1))[..., None]
-        out = (out.to(work) * keep).to(q.dtype)
+    if sinks:
+        out = without_sinks(*out, plan.sinks)
     return _zero_empty_rows(out, plan.has_key())
 
 
