@@ -610,7 +610,7 @@ class Hybrid(PositionEncoding):
     def rotate(self, q, k, q_pos, k_pos):
         q, k = self.rotary.rotate(q, k, q_pos, k_pos)
         if self.mix == "alpha":
-            q = q * self.alpha  # the articles' alpha multiplies the content scores too
+            q = q * self.alpha  # article 002's alpha multiplies the content scores too
         return q, k
 
     def bias(self, q_pos, k_pos):
