@@ -1,0 +1,163 @@
+"""Chapter 8's checks that need machinery a reader would not write (forward hooks on
+transformers' layers, reading installed sources), and the bindings between the chapter's prose
+and book/data/model_configs.json."""
+
+import copy
+import inspect
+import json
+import math
+import re
+from pathlib import Path
+
+import pytest
+import torch
+
+BOOK = Path(__file__).resolve().parents[1] / "book"
+CHAPTER = BOOK / "08_modern_rope.ipynb"
+RECORD = json.loads((BOOK / "data" / "model_configs.json").read_text(encoding="utf-8"))
+# what chapter 8 reads: an entry under chapter8_only replaces one of the same name
+CH8 = {**RECORD["models"], **RECORD["chapter8_only"]["models"]}
+
+
+def markdown():
+    nb = json.loads(CHAPTER.read_text(encoding="utf-8"))
+    return "\n".join("".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "markdown")
+
+
+def test_the_note_names_exactly_the_unpinned_entries():
+    # the eight entries the chapter prints first, as its first code cell lists them
+    first = ("Llama 3.1 8B", "Qwen2.5 7B + YaRN", "Gemma 3 4B (global layers)", "Llama 4 Scout",
+             "Phi-4-mini", "DeepSeek-V3", "SmolLM3-3B", "Qwen3-Next-80B-A3B-Instruct")
+    unpinned = [n for n in first if not CH8[n]["copy"]]
+    assert unpinned == ["Llama 4 Scout", "Phi-4-mini", "Qwen3-Next-80B-A3B-Instruct"]
+    note = re.search(r":::\{admonition\} Three entries are not from a pinned file\n(.*?):::",
+                     markdown(), re.S)
+    assert note, "the chapter's one note on unpinned entries"
+    named = re.findall(r"\*\*([^*]+)\*\*", note.group(1))
+    assert named == ["Llama 4 Scout", "Phi-4-mini", "Qwen3-Next-80B-A3B-Instruct"]
+    assert [CH8[n]["provenance"] for n in named] == [
+        "unsourced", "unsourced", "third-party test fixture, not a copy of the file"]
+    # every other of the eight is a transcription of a pinned copy
+    assert all(CH8[n]["copy"]["commit"] for n in first if n not in unpinned)
+
+
+def test_qwen_card_quote_is_the_pinned_copys():
+    card = RECORD["chapter8_only"]["model_cards"]["Qwen2.5 7B + YaRN"]
+    text = " ".join(markdown().split())
+    assert f'"{card["quote"]}"' in text
+    c = card["copy"]
+    assert f"https://github.com/{c['repo']}/blob/{c['commit']}/{c['path']}" in text
+
+
+def test_transformers_builds_rope_tables_in_float32_elementwise():
+    # what the precision section says of transformers 5.24: float32 positions times float32
+    # frequencies, elementwise (autocast leaves that in float32), cast to x's dtype at the end
+    transformers = pytest.importorskip("transformers")
+    from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
+    from transformers.models.llama4.modeling_llama4 import Llama4TextRotaryEmbedding
+
+    for cls in (LlamaRotaryEmbedding, Llama4TextRotaryEmbedding):
+        src = inspect.getsource(cls.forward)
+        assert "position_ids[..., None].float() * self.inv_freq" in src, cls
+        assert "@" not in src.replace("@dynamic_rope_update", ""), cls  # no matrix product
+    assert "cos.to(dtype=x.dtype)" in inspect.getsource(LlamaRotaryEmbedding.forward)
+    assert transformers.__version__.startswith("5.")
+
+
+def test_llama4_qk_norm_only_in_rope_layers():
+    # chapter 8's "weightless norm bounds the scores of its RoPE layers" and not its NoPE ones
+    pytest.importorskip("transformers")
+    from transformers.models.llama4 import modeling_llama4
+
+    src = inspect.getsource(modeling_llama4.Llama4TextAttention.__init__)
+    assert "if self.config.use_qk_norm and self.use_rope:" in src
+
+
+def _tiny_gemma4(**extra):
+    transformers = pytest.importorskip("transformers")
+    return transformers.Gemma4TextConfig(
+        vocab_size=32, hidden_size=32, intermediate_size=64, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=16, global_head_dim=32, sliding_window=4,
+        vocab_size_per_layer_input=32, hidden_size_per_layer_input=8, pad_token_id=None,
+        bos_token_id=None, eos_token_id=None, **extra)
+
+
+def test_gemma4_shared_layers_attend_with_the_storing_layers_rotated_keys():
+    # the chapter reads E2B's sharing schedule from its file; here, on a tiny random Gemma 4 (six
+    # layers, the last two sharing), what the schedule means in transformers' code
+    transformers = pytest.importorskip("transformers")
+    tiny4 = _tiny_gemma4(num_hidden_layers=6, num_kv_shared_layers=2,
+                         layer_types=["sliding_attention", "full_attention"] * 3)
+    _ = torch.manual_seed(0)
+    model = transformers.Gemma4ForCausalLM(tiny4).eval()
+    used = {}  # layer: the key tensors the shared dict holds once it has run
+
+    def note_keys(i):
+        def hook(module, args, kwargs, out):
+            used[i] = {kind: kv[0] for kind, kv in kwargs["shared_kv_states"].items()}
+        return hook
+
+    for i, layer in enumerate(model.model.layers):
+        assert hasattr(layer.self_attn, "k_proj") == (i < 4)  # layers 4 and 5: no key projection
+        layer.self_attn.register_forward_hook(note_keys(i), with_kwargs=True)
+    with torch.no_grad():
+        cache = model(input_ids=torch.randint(1, 32, (1, 8)), use_cache=True).past_key_values
+    assert tiny4.kv_sharing_modes == [None, None, "store", "store", "reuse", "reuse"]
+    # layers 4 (sliding) and 5 (global) attend with the very key tensors layers 2 and 3 rotated
+    assert used[5]["sliding_attention"] is used[2]["sliding_attention"]
+    assert used[5]["full_attention"] is used[3]["full_attention"]
+    cached = [getattr(lay, "keys", None) is not None for lay in cache.layers]
+    assert cached == [True] * 4 + [False] * 2
+
+
+class _RotatedKeys(torch.nn.Module):
+    """Stands in for v_norm, which receives the raw key projection: a port's mistake gives it
+    the normed, rotated key instead (cos and sin taken from the layer's own call)."""
+
+    def __init__(self, attention, apply_rotary_pos_emb):
+        super().__init__()
+        self.k_norm, self.v_norm, self.cos_sin = attention.k_norm, attention.v_norm, None
+        self.apply = apply_rotary_pos_emb
+        attention.register_forward_pre_hook(self.keep, with_kwargs=True)
+
+    def keep(self, module, args, kwargs):
+        self.cos_sin = kwargs["position_embeddings"]
+
+    def forward(self, raw_keys):
+        cos, sin = self.cos_sin
+        return self.v_norm(self.apply(self.k_norm(raw_keys), cos, sin, unsqueeze_dim=2))
+
+
+def test_gemma4_values_from_rotated_keys_is_a_mistake_the_agreement_would_catch():
+    # chapter 8's whole-model cell holds the package to transformers on a Gemma 4 with
+    # attention_k_eq_v; its control, values read off the normed, rotated keys, is run here
+    transformers = pytest.importorskip("transformers")
+    from transformers.models.gemma4 import modeling_gemma4
+
+    from tutorial_pkg.models.swap import swap_attention
+
+    config = _tiny_gemma4(num_hidden_layers=2, initializer_range=0.3, attention_k_eq_v=True)
+    config._attn_implementation = "eager"
+    _ = torch.manual_seed(0)
+    hf = transformers.Gemma4ForCausalLM(config).eval()
+    ids = torch.randint(1, 32, (2, 12), generator=torch.Generator().manual_seed(1))
+    mask = torch.ones_like(ids)
+    mask[1, :3] = 0
+    pos = (mask.cumsum(-1) - 1).clamp(min=0)
+
+    def logits(model):
+        with torch.no_grad():
+            return model(input_ids=ids, attention_mask=mask, position_ids=pos).logits[mask.bool()]
+
+    want = logits(hf)
+    scale = want.abs().max()
+    assert (logits(swap_attention(copy.deepcopy(hf))) - want).abs().max() <= 1e-5 * scale
+    broken = copy.deepcopy(hf)
+    swapped = 0
+    for a in (layer.self_attn for layer in broken.model.layers):
+        if a.use_alternative_attention:
+            a.v_norm = _RotatedKeys(a, modeling_gemma4.apply_rotary_pos_emb)
+            swapped += 1
+    assert swapped == 1  # the global layer
+    off = float((logits(broken) - want).abs().max() / scale)
+    assert off > 1e3 * 1e-5 and math.isfinite(off)
