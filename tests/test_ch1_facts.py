@@ -153,3 +153,188 @@ def test_chapter_1_states_press_table_2_as_the_record_has_it():
     ]
     missing = [s for s in stated if s not in text]
     assert not missing, missing
+
+
+# ---------------------------------------------------------------------------------------------
+# The chapter's plain-Markdown prose states numbers that its cells compute or its records hold.
+# These tests recompute each number (or read it from the record) and require the prose to say
+# it, so the page's text cannot drift from the run; nbval holds the cells' stored outputs to
+# their re-execution.
+
+NB = ROOT / "book/01_sinusoidal.ipynb"
+L_CH1, D_CH1 = 128, 64  # the chapter's L and d
+
+
+def _cells():
+    return json.loads(NB.read_text(encoding="utf-8"))["cells"]
+
+
+def _prose():
+    text = "\n".join("".join(c["source"]) for c in _cells() if c["cell_type"] == "markdown")
+    return " ".join(text.split())
+
+
+def _missing(stated):
+    text = _prose()
+    return [s for s in stated if " ".join(s.split()) not in text]
+
+
+def _output_of(snippet):
+    (cell,) = [c for c in _cells() if c["cell_type"] == "code" and snippet in "".join(c["source"])]
+    return "".join("".join(o.get("text", "")) for o in cell["outputs"])
+
+
+def _angle_outside(positions, L, freq):
+    # the chapter's angle_outside: radians outside the arc 0 .. (L-1) omega_i each pair swept
+    arc = (L - 1) * freq
+    phase = (positions.double()[:, None] * freq).remainder(2 * math.pi)
+    outside = torch.minimum((phase - arc).clamp(min=0), 2 * math.pi - phase)
+    outside[:, arc >= 2 * math.pi] = 0
+    return outside
+
+
+def test_chapter_1_code_uses_the_L_and_d_these_tests_assume():
+    setup = "".join(_cells()[2]["source"])
+    assert f"L = {L_CH1} " in setup and f"d = {D_CH1} " in setup
+
+
+def test_chapter_1_states_how_f_wiggles_as_computed():
+    from tutorial_pkg.encodings.sinusoidal import sinusoidal_frequencies
+
+    omega = sinusoidal_frequencies(D_CH1).double()
+    f = torch.cos(torch.arange(L_CH1).double()[:, None] * omega).sum(dim=1)  # f(r), r = 0..L-1
+    r_up = int(torch.nonzero(f[1:] > f[:-1])[0])
+    rise_fast = math.cos(r_up + 1) - math.cos(r_up)
+    peak, edge = f[0].item(), f[-1].item()
+    assert not _missing([
+        f"it first rises from $r = {r_up}$ to ${r_up + 1}$",
+        f"its cosine climbs by {rise_fast:.2f} there",
+        f"still holds {edge / peak:.0%} of its peak: $f({L_CH1 - 1}) = {edge:.1f}$ against "
+        f"$f(0) = {peak:.0f}$",
+    ])
+
+
+def test_chapter_1_states_the_sawtooth_of_novelty_as_computed():
+    from tutorial_pkg.encodings.sinusoidal import sinusoidal_frequencies
+
+    L = L_CH1
+    omega = sinusoidal_frequencies(D_CH1).double()
+    wavelength = 2 * math.pi / omega
+    outside = _angle_outside(torch.arange(8 * L), L, omega)
+    worst = outside.max(dim=1)
+    past = worst.values[L:]
+    n_fall = int((past[1:] < past[:-1]).sum())
+    dip = (past.cummax(dim=0).values - past).max().item()
+    record = {q: worst.values[: q + 1].max().item() for q in (2 * L, 8 * L - 1)}
+    i4, i8 = int(worst.indices[4 * L]), int(worst.indices[8 * L - 1])
+    assert not _missing([
+        f"the most novel pair is {worst.values[L]:.3f} radian outside its arc",
+        f"it falls in {n_fall} of its {len(past) - 1} steps past $L$, by up to {dip:.1f} radian",
+        f"rises, {record[2 * L]:.1f} radians by $2L$ and {record[8 * L - 1]:.1f} by $8L - 1$",
+        f"at $4L$ is pair {i4} (wavelength ${wavelength[i4] / L:.1f}\\,L$), at $8L - 1$ pair {i8} "
+        f"(${wavelength[i8] / L:.1f}\\,L$)",
+        f"the slowest pair is only {outside[8 * L - 1, -1]:.3f} radian out at $8L - 1$",
+    ])
+
+
+def test_chapter_1_states_the_novelty_of_press_et_al_geometry_as_computed():
+    table = json.loads((ROOT / "book/data/press_tables.json").read_text())["tables"]["table_2"]
+    L, half = table["train_length"], 1024 // 2  # width 1024 (their text), fairseq's frequencies
+    freq = 10000.0 ** (-torch.arange(half, dtype=torch.float64) / (half - 1))
+    lengths = (513, 562, 612, 1012)
+    nov = dict(zip(lengths, _angle_outside(torch.tensor(lengths) - 1, L, freq).amax(dim=1).tolist(),
+                   strict=True))
+    assert not _missing([
+        f"the most novel pair is {nov[513]:.2f} radian outside its arc at 513 tokens, "
+        f"{nov[562]:.2f} at 562, {nov[612]:.2f} at 612 and {nov[1012]:.2f} at 1012"])
+
+
+def _chapter_7():
+    pilot = json.loads((ROOT / "book/data/extrapolation_results.json").read_text())
+    pre = json.loads((ROOT / "book/data/extrapolation_preregistered.json").read_text())
+
+    def gmean(rec, encoding, ratio):
+        nll = [r["nll"] for r in rec["fixed_targets"] if r["encoding"] == encoding
+               and r["ratio"] == ratio and r["scaling"] == "none"]
+        return torch.tensor(nll, dtype=torch.float64).mean().exp().item()
+
+    return pilot, pre, gmean
+
+
+def test_chapter_1_states_chapter_7_s_claims_as_recorded():
+    pilot, pre, gmean = _chapter_7()
+    decided = {c["claim"]: c for c in pre["decided"]}
+    sin, nope = decided["scaled sinusoidal: 2L worse than L"], decided["NoPE: 8L worse than L"]
+    assert sin["verdict"] == nope["verdict"] == "holds"
+    at_2l = next(r for r in pilot["fixed_targets"] if r["ratio"] == 2)
+    g1, g2 = (gmean(pre, "sinusoidal_scaled", k) for k in (1, 2))
+    L7 = pilot["config"]["train_len"]
+    assert not _missing([
+        f"holds: {sin['mean']:+.2f} nats per byte, family-wise interval {sin['low']:.2f} to "
+        f"{sin['high']:.2f} (perplexity per byte {g1:.2f} at $L$, {g2:.2f} at $2L$, where every "
+        f"scored byte sits at position {at_2l['context_len']} or later, past $L = {L7}$)",
+        f"*NoPE: 8L worse than L* holds ({nope['mean']:+.2f} nats per byte)",
+        f"chapter 7's scaled sinusoidal model goes from {g1:.2f} to {g2:.2f} per byte from $L$ to "
+        "$2L$ on its pre-registered seeds (a pre-registered claim, it holds)",
+    ])
+
+
+def test_chapter_1_states_the_positions_control_as_recorded():
+    pilot, pre, _ = _chapter_7()
+    control = json.loads((ROOT / "book/data/ch1_positions_control.json").read_text())
+    rep = json.loads((ROOT / "book/data/ch1_positions_replication.json").read_text())
+    assert [c["verdict"] for c in control["decided"] + rep["decided"]] == ["holds"] * 4
+
+    def shares(rec, seeds=None):
+        rows = [r for r in rec["rows"] if seeds is None or r["seed"] in seeds]
+        return {k: torch.tensor([r["share"][str(k)] for r in rows]) for k in (2, 8)}
+
+    fresh = [s for s in rep["seeds"] if s not in pre["seeds"] + pilot["seeds"]]
+    assert len(fresh) == 5 and fresh == list(range(10, 15))
+    s_pilot, s_rep, s_new = shares(control), shares(rep), shares(rep, fresh)
+    for s in (s_pilot, s_rep, s_new):  # the claims' rules, seed by seed
+        assert (s[2] > 0.5).all() and (s[8] < s[2]).all()
+
+    def rng(s):
+        return f"{s.min():.0%} to {s.max():.0%}"
+
+    n_rep, n_new = len(rep["seeds"]), len(fresh)
+    L7, T7 = pilot["config"]["train_len"], pilot["fixed_targets"][0]["target_len"]
+    queries = torch.arange(2 * L7 - T7, 2 * L7)
+    unseen = ((queries - L7 + 1).clamp(min=0).sum() / (queries + 1).sum()).item()
+    assert not _missing([
+        f"moving the positions alone carries {rng(s_pilot[2])} of the rise the window of $2L$ adds "
+        f"(mean {s_pilot[2].mean():.0%}, {len(control['seeds'])} seeds), and {rng(s_pilot[8])} of "
+        f"the rise at $8L$ (mean {s_pilot[8].mean():.0%})",
+        f"the share at $2L$ is {rng(s_rep[2])} (mean {s_rep[2].mean():.0%}), above one half in all "
+        f"{n_rep} seeds: the first claim holds. At $8L$ it is {rng(s_rep[8])} (mean "
+        f"{s_rep[8].mean():.0%}), below the seed's share at $2L$ in all {n_rep}",
+        f"probability at most $2^{{-{n_rep}}}$ ({0.5 ** n_rep:.2g}), and the chance that either of "
+        f"the two claims passed so is at most {2 * 0.5 ** n_rep:.2g}",
+        f"alone the share at $2L$ is {rng(s_new[2])} (mean {s_new[2].mean():.0%}), at $8L$ "
+        f"{rng(s_new[8])} (mean {s_new[8].mean():.0%}), and both claims hold too "
+        f"($2^{{-{n_new}}} = {0.5 ** n_new:.2g}$ for one claim, {2 * 0.5 ** n_new:.2g} for either)",
+        f"in the long window {unseen:.0%} of the scored bytes' query-key pairs are $L$ or more "
+        "bytes apart",
+        f"already carries {rng(s_pilot[2])} of the rise at $2L$ on the pilot seeds, where the "
+        f"control's claims were chosen, {rng(s_rep[2])} on the {n_rep} seeds where they were "
+        f"tested, and {rng(s_new[2])} on the {n_new} of those never trained before (one model, "
+        f"trained on {L7}-byte windows)",
+    ])
+    # the chapter quotes the control record's description, and says of which run it is true
+    assert '"written and committed before any model was trained"' in _prose()
+    assert control["description"].endswith("written and committed before any model was trained")
+    assert control["claims_written"] < control["started"]
+
+
+def test_chapter_1_summary_states_the_bfloat16_damage_as_computed():
+    out = _output_of("cos_worst = min(")
+    m = re.search(r"cosine with the exact row is ([\d.]+) at worst, ([\d.]+) in the median;\s+"
+                  r"at most (\d+) of (\d+) entries of a row flip sign \(off by more than 1\), all "
+                  r"in the (\d+) fastest", out)
+    assert m, out
+    worst, median, n_flip, width, fast = m.groups()
+    assert int(width) == D_CH1
+    assert not _missing([
+        f"(in the {fast} fastest pairs, at most {n_flip} of {width} entries of a row; a row's "
+        f"cosine with the exact one {worst} at worst, {median} in the median)"])
