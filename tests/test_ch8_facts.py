@@ -161,3 +161,19 @@ def test_gemma4_values_from_rotated_keys_is_a_mistake_the_agreement_would_catch(
     assert swapped == 1  # the global layer
     off = float((logits(broken) - want).abs().max() / scale)
     assert off > 1e3 * 1e-5 and math.isfinite(off)
+
+
+def test_packed_documents_as_transformers_reads_them():
+    # the packing paragraph: LongRoPE picks its list from the largest position, and the
+    # flash-attention path takes restarts of position_ids as document boundaries
+    pytest.importorskip("transformers")
+    from transformers import modeling_flash_attention_utils as fa
+    from transformers import modeling_rope_utils
+
+    src = inspect.getsource(modeling_rope_utils)
+    assert "seq_len = torch.max(position_ids) + 1" in src
+    restarted = torch.tensor([[0, 1, 2, 0, 1]])
+    assert bool(fa._is_packed_sequence(restarted, 1))
+    assert not bool(fa._is_packed_sequence(torch.arange(5)[None], 1))
+    (cu, _), _ = fa.prepare_fa_kwargs_from_position_ids(restarted)
+    assert cu.tolist() == [0, 3, 5]
