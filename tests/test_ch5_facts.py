@@ -218,3 +218,84 @@ def test_the_quiet_run_is_a_second_look_from_another_working_tree():
                    q.removesuffix("+dirty")).split()
     assert "tutorial_pkg/attention/_flex.py" in changed
     assert "tutorial_pkg/attention/backends.py" in changed
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_the_cached_4d_table_is_float32_whatever_q_dtype(dtype):
+    """Section 3's byte counts: the sdpa path keeps its (1, H, L, L) table in float32 (16-bit q
+    gets a per-call copy), and in 16 bits the auto path caches that same float32 table once."""
+    import torch
+
+    import tutorial_pkg as tp
+
+    heads, length, dim = 8, 128, 64
+    q = torch.randn(1, heads, length, dim, dtype=getattr(torch, dtype))
+    for backend in ("sdpa", "auto"):
+        enc = tp.make_encoding("alibi", n_heads=heads)
+        layer = tp.MultiHeadAttention(heads * dim, heads, enc, backend=backend)
+        with torch.no_grad():
+            layer.attend(q, q, q)
+            layer.attend(q, q, q)
+        tables = [t for t in tp.backends.cached_tensors(enc) if t.dim() == 4
+                  and t.shape[-2:] == (length, length)]
+        if backend == "auto" and dtype == "float32":
+            assert tables == []  # the key row, no table
+        else:
+            assert [t.dtype for t in tables] == [torch.float32], (backend, dtype)
+        tp.backends.clear_caches(enc)
+
+
+PREVIOUS_SUITE_COMMIT = "26bfe5c"  # stores the suite's run before the family (hardware af44af7)
+
+
+def test_the_claims_an_earlier_record_had_already_decided():
+    """The chapter's claims cell counts as confirmatory only the claims that no record made
+    before the family was written had already decided by the same test: it computes those of
+    rope_speed_cpu.json and names those of the suite's previous run, which only the
+    repository's history keeps; both are re-decided here."""
+    from datetime import datetime
+
+    import nbformat
+
+    from benchmarks import suite as bs
+    from tutorial_pkg import measure as bm
+
+    quiet, _ = _load(QUIET)
+    claims, alpha = quiet["claims"], quiet["alpha"]
+    family = datetime.fromisoformat(_git("show", "-s", "--format=%cI", FAMILY_COMMIT).strip())
+    previous = json.loads(_git("show", f"{PREVIOUS_SUITE_COMMIT}:book/data/benchmark_cpu.json"))
+    assert previous["hardware"]["commit"].startswith("af44af7")  # CLAIMS' docstring names it
+    assert datetime.fromisoformat(previous["hardware"]["date"]) < family
+    speed = json.loads((ROOT / "book" / "data" / "rope_speed_cpu.json").read_text())
+    assert datetime.fromisoformat(speed["hardware"]["date"]) < family
+
+    def held(records, cs):
+        return {d["id"] for d in bs.decide_claims(records, cs, alpha) if d["verdict"] == "holds"}
+
+    from_suite = held([bm.BenchRecord.from_dict(r) for r in previous["records"]], claims)
+    assert from_suite == {"A3", "A8", "A9", "A10", "A11", "R3", "R6"}
+    _, speed_records = bm.load_results(ROOT / "book" / "data" / "rope_speed_cpu.json")
+    names = {"complex": "meta complex", bs.ROPE_LIMIT: "copy q,k"}
+    renamed = [{**c, "case": names.get(c["case"], c["case"]),
+                "against": names.get(c["against"], c["against"])} for c in claims]
+    assert held(speed_records, renamed) == {"R3", "R4", "R5", "R6", "R7"}
+    nb = nbformat.read(ROOT / "book" / "05_benchmarking.ipynb", as_version=4)
+    (cell,) = [c for c in nb.cells if 'decided = stored["decided"]' in c.source]
+    assert 'known |= {"A3", "A8", "A9", "A10", "A11", "R3", "R6"}' in cell.source
+    # what is left: the confirmatory claims, and at alpha / 2 per look L3 drops out
+    _, q_records = _load(QUIET)
+    known = from_suite | {"R3", "R4", "R5", "R6", "R7"}
+    confirm = [c["id"] for c in claims if c["test"] != "A/A" and c["id"] not in known]
+    assert confirm == ["A4", "A5", "A6", "A7", "A12", "L2", "L3", "L4", "L5"]
+    two = {d["id"]: d["verdict"] for d in bs.decide_claims(q_records, claims, alpha / 2)}
+    assert [cid for cid in confirm if two[cid] == "holds"] == ["A7", "L2"]
+
+
+def test_no_gpu_run_is_recorded_and_the_chapter_says_so():
+    import nbformat
+
+    assert not (ROOT / "book" / "data" / "benchmark_gpu.json").exists()
+    nb = nbformat.read(ROOT / "book" / "05_benchmarking.ipynb", as_version=4)
+    text = "\n".join(c.source for c in nb.cells if c.cell_type == "markdown")
+    assert "This book records no GPU run." in text
+    assert "No GPU run of the suite is recorded" in text
