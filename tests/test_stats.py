@@ -202,3 +202,28 @@ def test_paired_difference_sign_flip_method_and_verdicts():
     assert verdict({"low": -0.1, "high": 0.2}, "greater") == "not resolved"
     with pytest.raises(ValueError, match="margin"):
         verdict({"low": 0.0, "high": 0.1}, "equivalent")
+
+
+def test_sign_test_counts_signs_and_gives_the_binomial_tail():
+    from tutorial_pkg.experiments.stats import sign_test
+
+    r = sign_test([0.3, 0.2, 0.1, 0.4, -0.05, 0.0])
+    assert (r["above"], r["below"], r["ties"]) == (4, 1, 1)
+    assert r["p_value"] == pytest.approx(2 * (math.comb(5, 4) + 1) / 2**5)
+    assert sign_test([1.0, -1.0])["p_value"] == 1.0  # capped at 1
+    assert sign_test([0.1] * 20)["p_value"] == pytest.approx(2 / 2**20)
+    # only the signs count: scaling one difference leaves the p-value unchanged
+    big, small = sign_test([5.0, 0.2, 0.1, -0.1]), sign_test([0.3, 0.2, 0.1, -0.1])
+    assert big["p_value"] == small["p_value"]
+
+
+def test_spearman_is_pearson_on_average_ranks():
+    from tutorial_pkg.experiments.stats import spearman
+
+    assert spearman([1, 2, 3], [3, 2, 1]) == pytest.approx(-1.0)
+    assert spearman([1, 2, 3, 4], [1, 8, 27, 64]) == pytest.approx(1.0)  # monotone, not linear
+    ranks_b = [1.0, 2.5, 2.5, 4.0]  # 20 and 20 tie: average rank 2.5
+    expected = torch.corrcoef(torch.tensor([[1.0, 2, 3, 4], ranks_b]))[0, 1].item()
+    assert spearman([1, 2, 3, 4], [10, 20, 20, 40]) == pytest.approx(expected)
+    with pytest.raises(ValueError):
+        spearman([1, 2], [1, 2, 3])

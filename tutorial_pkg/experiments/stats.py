@@ -17,6 +17,9 @@
 * :func:`stratified_interval`: the mean of per-condition means (e.g. a paired log ratio
   of timings over rounds, at several sequence lengths) with a t interval
   (Welch-Satterthwaite degrees of freedom).
+* :func:`sign_test`: the two-sided sign test of paired differences (counts only their signs,
+  so it needs no symmetry; a check on :func:`sign_flip` where the differences are skewed).
+* :func:`spearman`: Spearman's rank correlation, ties given their average rank.
 * :func:`bonferroni`: the per-claim confidence that keeps a family of claims at a
   family-wise confidence.
 * :func:`verdict`: "holds", "refuted" or "not resolved" for a claim decided by an interval
@@ -53,6 +56,8 @@ __all__ = [
     "sign_flip",
     "EXACT_MAX",
     "bonferroni",
+    "sign_test",
+    "spearman",
     "stratified_interval",
     "verdict",
 ]
@@ -385,6 +390,61 @@ def bonferroni(confidence: float, k: int) -> float:
     confidence = _confidence(confidence)
     check_positive_int("k", k)
     return 1.0 - (1.0 - confidence) / k
+
+
+def sign_test(differences) -> dict:
+    """The two-sided sign test of paired differences: how many are above 0, below 0, tied.
+
+    Under "no difference" each non-zero difference is as likely positive as negative,
+    whatever the shape of the differences, so the count above 0 is binomial with ``n`` (the
+    non-zero differences) and 1/2. The p-value is twice the chance of a count at least as
+    far out as the larger of the two counts (capped at 1); ties (zeros) are dropped. Unlike
+    :func:`sign_flip`, it assumes no symmetry, and it ignores the sizes of the differences.
+
+    Returns:
+        ``{"above": int, "below": int, "ties": int, "p_value": float}``.
+
+    Example:
+        >>> sign_test([0.2, 0.1, 0.3, -0.1, 0.0])["p_value"]
+        0.625
+    """
+    d = _values("differences", differences)
+    above, below = int((d > 0).sum()), int((d < 0).sum())
+    n = above + below
+    tail = sum(math.comb(n, j) for j in range(max(above, below), n + 1)) / 2**n
+    return {"above": above, "below": below, "ties": d.numel() - n,
+            "p_value": min(1.0, 2 * tail)}
+
+
+def _average_ranks(v: torch.Tensor) -> torch.Tensor:
+    order = torch.argsort(v, stable=True)
+    sorted_v = v[order]
+    ranks = torch.empty_like(v)
+    i, n = 0, v.numel()
+    while i < n:
+        j = i
+        while j + 1 < n and sorted_v[j + 1] == sorted_v[i]:
+            j += 1
+        ranks[order[i:j + 1]] = (i + j) / 2 + 1  # ties: their average rank (1-based)
+        i = j + 1
+    return ranks
+
+
+def spearman(a, b) -> float:
+    """Spearman's rank correlation of two equal-length sequences: Pearson's on their ranks.
+
+    Tied values get their average rank. A description (no test, no interval).
+
+    Example:
+        >>> round(spearman([1, 2, 3, 4], [10, 20, 20, 40]), 4)
+        0.9487
+    """
+    x, y = _values("a", a), _values("b", b)
+    if x.numel() != y.numel() or x.numel() < 2:
+        raise ValueError(f"a and b need the same length, at least 2; got {x.numel()} and "
+                         f"{y.numel()}")
+    r = torch.stack([_average_ranks(x), _average_ranks(y)])
+    return torch.corrcoef(r)[0, 1].item()
 
 
 def paired_differences(
