@@ -299,3 +299,46 @@ def test_the_cpu_sdpa_mask_reading():
     assert f"with the CPU's own kernels ({runs[None]['capability']}) they are within $10^{{-12}}$" \
         in text
     assert "with the mask cast to q's dtype the call is right at every level" in text
+
+
+def test_the_yarn_record_pairs_with_chapter_7s():
+    """Bug 12 (cell b0c59513): both records score the same targets, and each recorded difference
+    is the mean of the per-block differences the cell prints."""
+    yarn = json.loads((DATA / "smollm2_yarn_factor.json").read_text())
+    context = json.loads((DATA / "smollm2_context.json").read_text())
+    assert yarn["block_ends"] == context["block_ends"] and yarn["targets"] == context["targets"]
+    nll, decided = _nll(yarn), {d["claim"]: d for d in yarn["decided"]}
+    for c in yarn["claims"]:
+        d = [a - b for a, b in zip(nll[c["rule"], c["length"]],
+                                   nll[c["against"], c["against_length"]], strict=True)]
+        assert abs(_mean(d) - decided[c["claim"]]["difference"]) < 1e-6
+
+
+def test_the_live_window_reproduces_the_record():
+    """Bug 12 (cell bc782103): the live NLL of each rule on the first block's shortest window, as
+    stored, equals the record's to the printed digits, and the record's is printed right."""
+    yarn = json.loads((DATA / "smollm2_yarn_factor.json").read_text())
+    nll = _nll(yarn)
+    found = re.findall(r"^(.+?)\s+N=(\d+): NLL ([\d.]+) nats live, ([\d.]+) in the record$",
+                       _output("bc782103"), re.M)
+    assert [variant for variant, *_ in found] == list(yarn["rules"])
+    for variant, n, live, recorded in found:
+        assert abs(float(live) - float(recorded)) <= 2e-3
+        assert recorded == f"{nll[variant, int(n)][0]:.3f}"
+
+
+def test_the_seed_family_reading():
+    """Bugs 10, 13, 14 over five seeds (cell ch9-seeds-family -> ch9-seeds-reading): the four
+    claims, their tests and the confidence are fixed in the cell's source; the stored output has
+    each claim held with every seed in its direction, as the reading says."""
+    source = _cell("ch9-seeds-family")
+    assert "SEEDS = range(5)" in source and "stats.bonferroni(0.95, len(FAMILY))" in source
+    number = r"([+-]\d\.\d\d)"
+    rows = re.findall(rf"^  (bug \d+: .+?)\s+{number} \[{number}, {number}\] "
+                      r"(\w[\w ]*?) \((\d) of (\d) seeds agree\)$", _output("ch9-seeds-family"),
+                      re.M)
+    assert len(rows) == 4
+    for claim, _, low, high, verdict, agree, n in rows:
+        assert verdict == "holds" and agree == n == "5"
+        assert (float(low) > 0) if "helps" not in claim else (float(high) < 0)
+    assert "All four claims hold, and every seed" in _text("ch9-seeds-reading")
