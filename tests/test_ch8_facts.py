@@ -222,3 +222,137 @@ def test_class_defaults_differ_from_the_files_chapter8_reads():
     g4, g4_file = transformers.Gemma4TextConfig(), CH8["Gemma 4 E2B"]["config"]
     assert (g4.num_hidden_layers, g4.layer_types[:6]) != (g4_file["num_hidden_layers"],
                                                           g4_file["layer_types"][:6])
+
+
+def _tiny_models():
+    """The whole-model cell's tiny random models, each with the mistakes a port could make."""
+    transformers = pytest.importorskip("transformers")
+    tiny = {"vocab_size": 32, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
+            "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
+            "pad_token_id": None, "bos_token_id": None, "eos_token_id": None,
+            "initializer_range": 0.3}
+    moe = {"num_local_experts": 2, "num_experts_per_tok": 1, "experts_implementation": "eager"}
+
+    def each_layer(change):
+        def forget(model):
+            for layer in model.model.layers:
+                change(layer.self_attn)
+        return forget
+
+    def no_chunks(model):
+        model.config.layer_types = ["full_attention"] * len(model.config.layer_types)
+
+    return {
+        "gemma2": (transformers.Gemma2ForCausalLM, transformers.Gemma2Config(
+            **tiny, attn_logit_softcapping=0.5, sliding_window=4, query_pre_attn_scalar=24),
+            {"no soft-cap": each_layer(lambda a: setattr(a, "attn_logit_softcapping", None))}),
+        "gpt-oss": (transformers.GptOssForCausalLM,
+                    transformers.GptOssConfig(**tiny, **moe, sliding_window=4),
+                    {"no sinks": each_layer(lambda a: a.sinks.data.fill_(-math.inf))}),
+        "llama4": (transformers.Llama4ForCausalLM, transformers.Llama4TextConfig(
+            **{**tiny, "num_hidden_layers": 4}, **moe, intermediate_size_mlp=64,
+            attention_chunk_size=4, floor_scale=3, attn_scale=0.5),
+            {"no chunks": no_chunks,
+             "no QK-norm": each_layer(lambda a: hasattr(a, "qk_norm") and delattr(a, "qk_norm")),
+             "no NoPE temperature": each_layer(
+                 lambda a: setattr(a, "attn_temperature_tuning", False))}),
+        "gemma4": (transformers.Gemma4ForCausalLM, transformers.Gemma4TextConfig(
+            **tiny, global_head_dim=32, sliding_window=4, vocab_size_per_layer_input=32,
+            hidden_size_per_layer_input=8),
+            {"1/sqrt(d) scale kept": each_layer(
+                lambda a: setattr(a, "scaling", a.head_dim**-0.5))}),
+    }
+
+
+def test_whole_model_controls_each_forgotten_mechanism_moves_the_logits():
+    # the control of chapter 8's whole-model cell: transformers' own model with one mechanism
+    # removed moves the logits far more than the package's agreement (1e-5 of their scale)
+    ids = torch.randint(1, 32, (2, 12), generator=torch.Generator().manual_seed(1))
+    mask = torch.ones_like(ids)
+    mask[1, :3] = 0
+    pos = (mask.cumsum(-1) - 1).clamp(min=0)
+
+    def logits(model):
+        with torch.no_grad():
+            return model(input_ids=ids, attention_mask=mask, position_ids=pos).logits[mask.bool()]
+
+    off = {}
+    for model_cls, config, mistakes in _tiny_models().values():
+        config._attn_implementation = "eager"
+        _ = torch.manual_seed(0)
+        hf = model_cls(config).eval()
+        want = logits(hf)
+        for mistake, forget in mistakes.items():
+            broken = copy.deepcopy(hf)
+            forget(broken)
+            off[mistake] = float((logits(broken) - want).abs().max() / want.abs().max())
+    assert len(off) == 6 and min(off.values()) > 1e3 * 1e-5, off
+
+
+def test_deepseek_v4_conjugate_rotation_is_what_keeps_the_values_relative():
+    # chapter 8's V4 cell shifts the positions and sees the layer's output unchanged; the control,
+    # the heads' output with the conjugate rotation undone, read by a hook before the output
+    # projection, moves under the same shift
+    transformers = pytest.importorskip("transformers")
+    from transformers.models.deepseek_v4 import modeling_deepseek_v4 as v4m
+
+    tiny4 = transformers.DeepseekV4Config(
+        hidden_size=32, num_attention_heads=2, head_dim=64, partial_rotary_factor=0.25,
+        q_lora_rank=16, o_groups=1, o_lora_rank=16, num_hidden_layers=1,
+        layer_types=["sliding_attention"])
+    tiny4._attn_implementation = "eager"
+    _ = torch.manual_seed(0)
+    attn4 = v4m.DeepseekV4Attention(tiny4, 0).eval()
+    for w in attn4.parameters():
+        torch.nn.init.normal_(w, std=0.3)
+    rotary = v4m.DeepseekV4RotaryEmbedding(tiny4)
+    h4 = torch.randn(1, 8, tiny4.hidden_size)
+    heads = []
+    hook = attn4.o_a_proj.register_forward_pre_hook(lambda mod, args: heads.append(args[0]))
+
+    def run(shift):
+        pos = (torch.arange(8) * 37 + shift)[None]
+        cos, sin = rotary(h4, pos, layer_type="main")
+        with torch.no_grad():
+            out = attn4(h4, {"main": (cos, sin), "compress": (cos, sin)}, pos, None)[0]
+        back = heads.pop().reshape(1, 8, tiny4.num_attention_heads, tiny4.head_dim)
+        raw = v4m.apply_rotary_pos_emb(back.transpose(1, 2), cos, sin).transpose(1, 2)
+        return out, back, raw
+
+    (out_a, back_a, raw_a), (out_b, back_b, raw_b) = run(0), run(5000)
+    hook.remove()
+    rd = tiny4.qk_rope_head_dim
+
+    def rel_gap(a, b):
+        return float((a - b).abs().max() / a.abs().max())
+
+    assert rel_gap(out_a, out_b) < 1e-4 and rel_gap(back_a, back_b) < 1e-4
+    assert torch.equal(raw_a[..., :-rd], back_a[..., :-rd])  # only the trailing slice turned
+    assert rel_gap(raw_a[..., -rd:], raw_b[..., -rd:]) > 0.5
+
+
+def test_transformers_gguf_loader_has_no_llama_scaling_and_skips_rope_freqs():
+    # the GGUF paragraph: the loader's map for a llama file has no rope.scaling entry, and it
+    # keeps a tensor only if it names a parameter of the model, which rope_freqs.weight does not
+    transformers = pytest.importorskip("transformers")
+    pytest.importorskip("gguf")
+    from gguf import MODEL_TENSOR, TENSOR_NAMES
+    from transformers.integrations.ggml import GGUF_CONFIG_MAPPING
+    from transformers.modeling_gguf_pytorch_utils import TensorProcessor, get_gguf_hf_weights_map
+
+    to_hf = {k: v for k, v in GGUF_CONFIG_MAPPING["llama"].items()
+             if k.startswith(("rope.", "context"))}
+    assert to_hf == {"context_length": "max_position_embeddings",
+                     "rope.dimension_count": "head_dim", "rope.freq_base": "rope_theta"}
+    tiny = transformers.LlamaForCausalLM(transformers.LlamaConfig(
+        vocab_size=16, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+        num_attention_heads=2, num_key_value_heads=1))
+    kept = get_gguf_hf_weights_map(tiny, TensorProcessor())
+    freqs = TENSOR_NAMES[MODEL_TENSOR.ROPE_FREQS] + ".weight"
+    assert freqs not in kept and "blk.0.attn_q.weight" in kept
+    # gpt-oss is the one architecture whose rope_scaling the loader rebuilds
+    import inspect
+
+    from transformers import modeling_gguf_pytorch_utils as gguf_utils
+    src = inspect.getsource(gguf_utils)
+    assert "rope_scaling" in src and ("gpt-oss" in src or "gpt_oss" in src)
