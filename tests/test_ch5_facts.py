@@ -299,3 +299,109 @@ def test_no_gpu_run_is_recorded_and_the_chapter_says_so():
     text = "\n".join(c.source for c in nb.cells if c.cell_type == "markdown")
     assert "This book records no GPU run." in text
     assert "No GPU run of the suite is recorded" in text
+
+
+def _markdown(start: str) -> str:
+    import nbformat
+
+    nb = nbformat.read(ROOT / "book" / "05_benchmarking.ipynb", as_version=4)
+    (cell,) = [c for c in nb.cells if c.cell_type == "markdown" and c.source.startswith(start)]
+    return cell.source
+
+
+#: The warning box's table: commit -> files it must touch (a path the record timed).
+CHANGED_AFTER_RECORD = {
+    "a33c79b": ["tutorial_pkg/attention/_probe.py", "tutorial_pkg/attention/backends.py"],
+    "1872bf8": ["tutorial_pkg/attention/_kernel_rules.py"],
+    "4054b7e": ["tutorial_pkg/encodings/rope_kernels.py"],
+    "93075d1": ["tutorial_pkg/attention/backends.py"],
+}
+
+
+def test_the_warning_box_lists_code_changed_after_the_record():
+    """Each commit of section 8's table is in HEAD's history, committed after the quiet record
+    started, and touches a path the record timed; the box types the record's start."""
+    from datetime import datetime
+
+    quiet, _ = _load(QUIET)
+    started = datetime.fromisoformat(quiet["hardware"]["date"])
+    box = _markdown("```{admonition} Open: a new recording")
+    assert f"started on {started:%Y-%m-%d} at {started:%H:%M} UTC" in box
+    for commit, files in CHANGED_AFTER_RECORD.items():
+        assert f"| `{commit}` |" in box, commit
+        _git("merge-base", "--is-ancestor", commit, "HEAD")
+        when = datetime.fromisoformat(_git("show", "-s", "--format=%cI", commit).strip())
+        assert when > started, commit
+        touched = _git("show", "--name-only", "--format=", commit).split()
+        assert set(files) <= set(touched), commit
+    # the record ran from a working tree at ff2a02e, before all of them
+    assert quiet["hardware"]["commit"].startswith(RULE_COMMIT)
+
+
+def test_the_changed_paths_touch_only_the_verdicts_the_box_names():
+    """a33c79b: the key-row check passes on this CPU at the record's head widths (attention
+    64, the LM step's d_model / heads), so auto timed the same call; 1872bf8: every GPU type
+    answers no without a check (the CPU checks); 4054b7e changed the 16-bit fused path only
+    (R6 is the fused claim in bfloat16, R5 in float32); no recorded case has one query."""
+    import torch
+
+    from tutorial_pkg.attention._kernel_rules import kernel_rules
+    from tutorial_pkg.attention._probe import key_bias_supported
+
+    quiet, records = _load(QUIET)
+    widths = {r.params["head_dim"] for r in records if r.params.get("op") == "attention"}
+    widths |= {r.params["d_model"] // r.params["heads"] for r in records
+               if r.params.get("op") == "lm train step"}
+    assert widths == {64, 16}
+    assert all(key_bias_supported(torch.device("cpu"), torch.float32, False, w) for w in widths)
+    assert kernel_rules("cpu").key_bias is None  # probed
+    assert all(kernel_rules(t).key_bias is False for t in ("cuda", "xpu", "hpu", "mps"))
+    claims = {c["id"]: c for c in quiet["claims"]}
+    assert claims["R6"]["case"] == "rotate fused" and claims["R6"]["groups"]["dtype"] == "bfloat16"
+    assert claims["R5"]["case"] == "rotate fused" and claims["R5"]["groups"]["dtype"] == "float32"
+    assert all(r.params.get("seq_len", 2) > 1 for r in records)  # no one-query case
+
+
+def test_the_warning_box_numbers_follow_from_the_record():
+    """52 and 86 rounds (cell 'How many attention rounds'), 10 rounds, 63 minutes."""
+    import math
+    from statistics import NormalDist
+
+    from tutorial_pkg.experiments.stats import t_quantile
+
+    quiet, _ = _load(QUIET)
+    alpha, k = quiet["alpha"], len(quiet["claims"])
+    by_id = {d["id"]: d for d in quiet["decided"]}
+    n_att = quiet["design"]["rounds"]["attention"]
+    z_a, z_b = t_quantile(1 - alpha / (2 * k), 10_000), NormalDist().inv_cdf(0.8)
+    need = {}
+    for cid in ("A4", "A12"):
+        hw = (math.log(by_id[cid]["high"]) - math.log(by_id[cid]["low"])) / 2
+        need[cid] = math.ceil(n_att * (hw / math.log(1.05)) ** 2 * ((z_a + z_b) / z_a) ** 2)
+    box = _markdown("```{admonition} Open: a new recording")
+    assert f"{n_att} attention rounds are too few" in box
+    assert f"A4 needs about {need['A4']} rounds and A12 about {need['A12']}" in box
+    assert f"several times the {round(quiet['hardware']['run_time_s'] / 60)} minutes" in box
+
+
+def test_the_auto_text_matches_the_kernel_rules_and_bloom():
+    """Section 4 says the GPU types never take the key row (no check), and section 1 names
+    Bloom's key-only (B*H, 1, L) row, built in every forward pass in the hidden states' dtype."""
+    import inspect
+
+    transformers = pytest.importorskip("transformers")
+    from transformers.models.bloom import modeling_bloom
+
+    from tutorial_pkg.attention._kernel_rules import KERNEL_RULES
+
+    gpu_types = sorted(t for t, r in KERNEL_RULES.items() if r.key_bias is False)
+    assert gpu_types == ["cuda", "hpu", "mps", "xpu"]
+    text = _markdown("The backend does this on a CPU")
+    assert "for `cuda`, `xpu`, `hpu` and `mps` the package's kernel rules" in text
+    src = inspect.getsource(modeling_bloom)
+    assert "return alibi.reshape(batch_size * num_heads, 1, seq_length).to(dtype)" in src
+    forward = inspect.getsource(modeling_bloom.BloomModel.forward)
+    assert "dtype=hidden_states.dtype" in forward and "alibi=alibi" in forward
+    assert transformers.__version__ == "5.24.0"
+    bloom = _markdown("The claim is backwards")
+    assert "$(B \\cdot H, 1, L)$, in the hidden states' dtype" in bloom
