@@ -82,7 +82,8 @@ def test_pinned_rows_are_the_records_pinned_copies():
 
     def pinned(name, e):
         for c in (e, ch8.get(name)):
-            if (c and c["provenance"].startswith("transcription")
+            if (c and c["checkpoint"] == e["checkpoint"]
+                    and c["provenance"].startswith("transcription")
                     and (c.get("copy") or {}).get("commit")
                     and all(c["config"].get(k) == v for k, v in e["config"].items())):
                 return True
