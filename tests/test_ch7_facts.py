@@ -281,12 +281,14 @@ def test_the_summary_states_what_the_records_hold():
     assert alibi["low"] > 0 and abs(math.expm1(alibi["mean"])) < math.expm1(margin)
     article_alibi = 21.3 / 13.1  # article 002's ALiBi row at 2048 and at 256 tokens (cell ch07-04)
     assert '"ALiBi": (13.1, 14.5, 16.8, 21.3)' in "".join(_cell("ch07-04")["source"])
-    _says("6f8f5412",
+    assert SMOL["model"].startswith("SmolLM2-135M-Instruct,")  # the summary names it exactly
+    _says("6f8f5412", "SmolLM2-135M-Instruct (4-bit weights,",
           f"{len(SMOL['block_ends'])} blocks of one text", f"`max_position_embeddings` of {ORIG:,}",
           f"between x{min(r['low'] for r in near):.2f} and x{max(r['high'] for r in near):.2f}",
           f"PI stays {ratio('linear', 2 * ORIG)['mean']:.1f} times above it",
-          f"from ${FAR / L:g}L$ back", f"with {TOP * L - NEAR - T} bytes of filler",
-          f"even at $d = {NEAR}$", f"({len(beyond)} windows",
+          f"more than twice above it inside {ORIG:,}",
+          f"({len(beyond)} windows), with {TOP * L - NEAR - T} bytes of filler even at "
+          f"$d = {NEAR}$",
           f"at $d = {NEAR}$ on 5 of 5 fresh seeds",
           f"(x{article_alibi:.2f} per token from 256 to 2048 tokens)",
           f"changes by {math.expm1(alibi['mean']):+.2%} on fixed targets",
