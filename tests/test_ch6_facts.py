@@ -556,3 +556,85 @@ def test_the_chapter_calls_the_packages_statistics_and_states_the_flex_limit():
     assert "sign_test(" in code and "spearman(" in code
     text = " ".join(_chapter_markdown().split())
     assert "atomic adds" in text and "pytorch/pull/137452" in text
+
+
+def test_the_mechanism_paragraphs_numbers_are_the_records():
+    """The plain prose after the mechanism table: every number, from the main record (and the
+    two reference shares, recomputed from the ALiBi bias)."""
+    from tutorial_pkg.experiments.stats import sign_test, spearman
+
+    rec, dec = _record(), _decided("hybrid_results")
+    mech = rec["mechanism"]
+    mean = {k: sum(r[k] for r in mech) / len(mech) for k in mech[0] if k != "seed"}
+    iv = lambda n: f"{dec[n]['mean']:+.2f} [{dec[n]['low']:+.2f}, {dec[n]['high']:+.2f}]"  # noqa: E731
+    n_long, L = 128, rec["train_len"]
+    dist = torch.arange(n_long)[:, None] - torch.arange(n_long)[None, :]
+    seen = dist >= 0
+    pos = torch.arange(n_long)
+    ref = {}
+    for name, w in (("uniform", seen.double() / seen.sum(-1, keepdim=True)),
+                    ("bias", tp.ALiBi(4).bias(pos, pos).masked_fill(~seen, float("-inf"))
+                     .softmax(-1))):
+        ref[name] = (w * (dist >= L)).sum(-1)[..., L:].mean().item()
+    rope_128 = sum(r["acc_128"] for r in rec["records"] if r["task"] == "offset"
+                   and r["encoding"] == "rope") / len(rec["seeds"])
+    acc_h = {r["seed"]: r["acc_128"] for r in rec["records"]
+             if r["task"] == "offset" and r["encoding"] == "hybrid"}
+    far_h = {r["seed"]: r["far_hybrid"] for r in mech}
+    rho = spearman([far_h[s] for s in rec["seeds"]], [acc_h[s] for s in rec["seeds"]])
+    kept = [far_h[s] for s in rec["seeds"] if acc_h[s] >= 0.95]
+    window_vs = [n for n in dec if n.startswith("mechanism: rope with a 32-key window > ")
+                 and not n.endswith("> rope")]
+    learn = next(c for c in rec["claims"]
+                 if c["claim"] == "mechanism: rope with a 32-key window > hybrid_learnable")
+    d = [a - b for a, b in zip(seeds.claim_values(rec, learn["a"]),
+                               seeds.claim_values(rec, learn["b"]), strict=True)]
+    expected = [
+        f"All {sum(n.startswith('mechanism: ') for n in dec)} mechanism claims hold",
+        f"RoPE's queries put {mean['far_rope']:.2f} of their attention",
+        f"the hybrid's {mean['far_hybrid']:.2f} (difference "
+        f"{iv('mechanism: far-key attention rope > hybrid')})",
+        f"would put {ref['uniform']:.2f} there", f"with the content silent, {ref['bias']:.2f}",
+        f"{mean['rope_window']:.2f} with a 32-key window against {rope_128:.2f} without "
+        f"({iv('mechanism: rope with a 32-key window > rope')};",
+        "29 of whose 125 targets lie inside $L$",
+        f"costs {mean['bias_cost']:.2f} at 128 tokens and {mean['bias_cost_at_L']:.2f} at 32",
+        f"on {sum(r['bias_cost_at_L'] == 0 for r in mech)} of {len(mech)} seeds it costs nothing",
+        f"seed by seed: {iv('mechanism: removing the bias costs more at 128 than at 32')}",
+        f"(Spearman $\\rho$ = {rho:+.2f} over the 20 seeds)",
+        f"put {min(kept):.2f} to {max(kept):.2f} of their attention there",
+        f"a window lifts it too ({iv('mechanism: hybrid with a 32-key window > hybrid')})",
+        f"comparable: {mean['rope_window']:.3f} and {mean['hybrid_window']:.3f} on average",
+        f"the lower end is {min(dec[n]['low'] for n in window_vs):+.3f}",
+        f"(p = {sign_test(d)['p_value']:.4f})"]
+    assert ref["bias"] < mean["far_hybrid"] < ref["uniform"] < mean["far_rope"]
+    text = " ".join(_chapter_markdown().split())
+    for quoted in expected:
+        assert quoted in text, quoted
+
+
+def test_what_accuracy_at_4l_counts_is_the_tasks_and_the_records():
+    """The plain paragraph on whole-window accuracy: target counts from task_batch, the latest
+    signal's share inside L, and the past-L estimates from the main record."""
+    from tutorial_pkg.experiments.tasks import task_batch
+
+    g = torch.Generator().manual_seed(0)  # as the chapter's cell draws them
+    y_off = task_batch("offset", 1, 128, g)[1][0]
+    n_all, n_in = int((y_off != -100).sum()), int((y_off[:32] != -100).sum())
+    first = int((y_off != -100).nonzero()[0])
+    y_lat = task_batch("latest", 256, 128, g)[1]
+    share = ((y_lat[:, :32] != -100).sum() / (y_lat != -100).sum()).item()
+    rec = _record()
+    mean = lambda k, n: sum(r[f"acc_{n}"] for r in rec["records"] if r["task"] == "offset"  # noqa: E731
+                            and r["encoding"] == k) / len(rec["seeds"])
+    est = {k: (mean(k, 128) * n_all - mean(k, 32) * n_in) / (n_all - n_in)
+           for k in ("rope", "hybrid")}
+    text = " ".join(_chapter_markdown().split())
+    for quoted in (f"window has {n_all} targets, {n_in} of them at positions {first} to 31",
+                   f"and {n_all - n_in} past it", f"on the latest signal {share:.0%} of",
+                   f"(a_{{128}} \\cdot {n_all} - a_{{32}} \\cdot {n_in}) / {n_all - n_in}",
+                   f"RoPE copies about {est['rope']:.2f} of the targets, the sound hybrid about "
+                   f"{est['hybrid']:.2f}",
+                   "which suggested the nine mechanism claims"):
+        assert quoted in text, quoted
+    assert sum(c["claim"].startswith("mechanism: ") for c in rec["claims"]) == 9
