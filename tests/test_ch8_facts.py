@@ -24,6 +24,16 @@ def markdown():
     return "\n".join("".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "markdown")
 
 
+
+def _padded_batch_logits(model):
+    """The model's logits on the kept tokens of one fixed, left-padded batch of two."""
+    ids = torch.randint(1, 32, (2, 12), generator=torch.Generator().manual_seed(1))
+    mask = torch.ones_like(ids)
+    mask[1, :3] = 0
+    pos = (mask.cumsum(-1) - 1).clamp(min=0)
+    with torch.no_grad():
+        return model(input_ids=ids, attention_mask=mask, position_ids=pos).logits[mask.bool()]
+
 def test_the_note_names_exactly_the_unpinned_entries():
     # the eight entries the chapter prints first, as its first code cell lists them
     first = ("Llama 3.1 8B", "Qwen2.5 7B + YaRN", "Gemma 3 4B (global layers)", "Llama 4 Scout",
@@ -147,14 +157,7 @@ def test_gemma4_values_from_rotated_keys_is_a_mistake_the_agreement_would_catch(
     config._attn_implementation = "eager"
     _ = torch.manual_seed(0)
     hf = transformers.Gemma4ForCausalLM(config).eval()
-    ids = torch.randint(1, 32, (2, 12), generator=torch.Generator().manual_seed(1))
-    mask = torch.ones_like(ids)
-    mask[1, :3] = 0
-    pos = (mask.cumsum(-1) - 1).clamp(min=0)
-
-    def logits(model):
-        with torch.no_grad():
-            return model(input_ids=ids, attention_mask=mask, position_ids=pos).logits[mask.bool()]
+    logits = _padded_batch_logits
 
     want = logits(hf)
     scale = want.abs().max()
@@ -267,14 +270,7 @@ def _tiny_models():
 def test_whole_model_controls_each_forgotten_mechanism_moves_the_logits():
     # the control of chapter 8's whole-model cell: transformers' own model with one mechanism
     # removed moves the logits far more than the package's agreement (1e-5 of their scale)
-    ids = torch.randint(1, 32, (2, 12), generator=torch.Generator().manual_seed(1))
-    mask = torch.ones_like(ids)
-    mask[1, :3] = 0
-    pos = (mask.cumsum(-1) - 1).clamp(min=0)
-
-    def logits(model):
-        with torch.no_grad():
-            return model(input_ids=ids, attention_mask=mask, position_ids=pos).logits[mask.bool()]
+    logits = _padded_batch_logits
 
     off = {}
     for model_cls, config, mistakes in _tiny_models().values():
