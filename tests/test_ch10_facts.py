@@ -176,8 +176,8 @@ def test_the_real_models_claims_are_in_its_script_before_the_run():
     assert len(later) == 1 and later[0][0] == "PI costs inside the trained length"
     # no verdict of the chapter reads the sixth: it is no claim past the trained length
     assert later[0][2] <= SMOL["original_max_position_embeddings"]
-    # the chapter: it was moved from 2 048 to 8 192 tokens, after a first run stopped having
-    # measured unscaled rows only, as the commit that moved it says
+    # the sixth was moved from 2 048 to 8 192 tokens, after a first run stopped having measured
+    # unscaled rows only, as the commit that moved it says (the chapter says only that it changed)
     earlier = ("PI costs inside the trained length", "linear", 2048, "none", 2048, ">")
     assert any(earlier in found for _, _, found in history) and later[0][2] == 8192
     moved = next(commit for commit, _, found in history if later[0] in found)
