@@ -638,3 +638,20 @@ def test_what_accuracy_at_4l_counts_is_the_tasks_and_the_records():
                    "which suggested the nine mechanism claims"):
         assert quoted in text, quoted
     assert sum(c["claim"].startswith("mechanism: ") for c in rec["claims"]) == 9
+
+
+def test_the_recipe_paragraph_is_train_tasks_and_every_records():
+    defaults = {k: p.default for k, p in inspect.signature(train_task).parameters.items()}
+    assert "weight_decay=0.0" in inspect.getsource(train_task)
+    for name in ("hybrid_results", "hybrid_ablation", "hybrid_replication", "hybrid_fresh"):
+        rec = json.loads((DATA / f"{name}.json").read_text())
+        assert rec["eval_lens"] == [32, 64, 128] and len(rec["seeds"]) == 20, name
+    main = _record()
+    text = " ".join(_chapter_markdown().split())
+    for quoted in (f"Each model trains for {defaults['steps']} steps on sequences of "
+                   f"$L = {defaults['train_len']}$ tokens and is tested at 32, 64 and 128 tokens",
+                   f"with 20 seeds ({main['seeds'][0]} to {main['seeds'][-1]} in the main run)",
+                   f"AdamW at a constant learning rate {defaults['lr']:g} without weight decay, "
+                   f"batches of {defaults['batch']} windows, a vocabulary of {defaults['vocab']}, "
+                   f"width {defaults['d_model']}, {defaults['n_heads']} heads"):
+        assert quoted in text, quoted
