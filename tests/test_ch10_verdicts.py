@@ -253,3 +253,22 @@ def test_the_slope_advice_is_judged_as_written():
     e = evidence_of("确保所有设备上的斜率参数同步非常重要")
     assert "they stay in sync, and the 非常重要 (very important) of the sentence does not" in e
     assert e.index("非常重要 (very important)") < e.index("The correction: under tensor")
+
+
+def test_the_decided_by_column_matches_the_guide(guide):
+    # the decision guide's "decided by" column names exactly the deciders of each row's printed
+    # comparisons (P7, F6); a row with neither prints no decided comparison
+    table = next(source(c) for c in cells() if c["cell_type"] == "markdown"
+                 and "| | situation | choose | decided by |" in source(c))
+    column = {}
+    for line in table.splitlines():
+        m = re.match(r"^\| (\d+) \| .* \| ([^|]+) \|$", line)
+        if m:
+            column[f"row {m.group(1)}"] = set(re.findall(r"\b(P7|F6)\b", m.group(2)))
+    assert len(column) == 10
+    printed = {}
+    for r in guide.values():
+        if r["decided"]:
+            printed.setdefault(r["row"], set()).add(r["by"])
+    for row, tags in column.items():
+        assert printed.get(row, set()) == tags, row
