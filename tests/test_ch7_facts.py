@@ -321,3 +321,51 @@ def test_the_block_noise_of_a_comparison_reads_as_the_chapter_prints_it():
     assert 2.5 < ratio < 3.5
     _says("ch07-28", "about three times as wide as the paired interval")
     _says("ch07-75", "about three times as wide")
+
+
+def test_the_pilots_copying_models_show_the_test_sees_copying_past_l():
+    # the copy-test prose, the limits and the summary read the pilot's ALiBi and NoPE copying
+    # models as copying past L (exploratory): recompute their per-seed gains from the record
+    ret = PILOT["retrieval"]
+    # one shared trial draw: the pilot's rows carry no trial seed, and the script gave them seed 0
+    assert not any("trial_seed" in r for r in ret)
+    script = (DATA.parents[1] / "benchmarks" / "extrapolation_seeds.py").read_text()
+    assert "trial_seed = TRIAL_SEED_BASE + seed if args.preregistered else 0" in script
+
+    def acc(v, d):
+        return [a - b for a, b in zip(_per_seed(ret, v, "acc_copy", distance=d),
+                                      _per_seed(ret, v, "acc_control", distance=d), strict=True)]
+
+    distances = copy_distances(L, T)
+    assert 2 * L in distances and FAR == distances[-1] == 496
+    seeds = len(PILOT["seeds"])
+    text = []
+    for v, name in (("alibi+copy", "ALiBi"), ("nope+copy", "NoPE")):
+        at_2l = acc(v, 2 * L)
+        assert sum(x > 0 for x in at_2l) == seeds == 5  # "above zero on 5 of 5 seeds"
+        text.append(f"{min(at_2l):+.3f} to {max(at_2l):+.3f} ({name})")
+        for d in distances:  # loss gains above zero on every seed at every tested distance
+            assert all(g > 0 for g in _per_seed(ret, v, "gain", distance=d)), (v, d)
+        loss = [_mean(_per_seed(ret, v, "gain", distance=d)) for d in distances]
+        assert loss == sorted(loss, reverse=True)  # "shrinking with distance"
+        means = [_mean(acc(v, d)) for d in distances]
+        assert min(means) == means[-1]  # the accuracy gain is smallest at d = 496
+    # the hybrid copying model, like RoPE's, loses the copy past L
+    inside = t_interval(acc("hybrid+copy", NEAR))
+    for d in distances[1:]:
+        r = t_interval(acc("hybrid+copy", d))
+        assert r["low"] < 0 < r["high"] and r["high"] < 0.1 * inside["low"], d
+    # the pre-registered control past L: four claims, none resolved
+    long = [d for d in PRE["decided"] if d["claim"].startswith("copy test, rope+copy+8L at")]
+    assert len(long) == 4 and {d["verdict"] for d in long} == {"not resolved"}
+    _says("2be8c219", "resolves nothing", "none of its four claims is resolved",
+          f"at $d = 2L$ their accuracy gains are {text[0]} and {text[1]}",
+          "above zero on 5 of 5 seeds", f"every tested distance up to $d = {FAR}$",
+          "one draw of trial windows shared by its seeds, not pre-registered")
+    _says("ch07-limits", "resolves no claim", "only the pilot's ALiBi and NoPE copying models",
+          "one shared draw of trial windows, not pre-registered", f"towards $d = {FAR}$")
+    _says("6f8f5412", "resolves no pre-registered claim",
+          "copy at $2L$ (accuracy gain above zero on 5 of 5 seeds)")
+    for cell_id in ("2be8c219", "ch07-limits", "6f8f5412"):
+        text_of = _prose(cell_id)
+        assert "only inside $L$" not in text_of and "no working control" not in text_of
