@@ -662,3 +662,54 @@ def test_the_recipe_paragraph_is_train_tasks_and_every_records():
                    f"batches of {defaults['batch']} windows, a vocabulary of {defaults['vocab']}, "
                    f"width {defaults['d_model']}, {defaults['n_heads']} heads"):
         assert quoted in text, quoted
+
+
+def test_the_flattening_not_the_mixing_costs_recency_readings():
+    """The takeaway 'keep ALiBi's full slopes: alpha can only flatten them' rests on two readings
+    no family tests, recomputed here from the records: the mix at alpha = 0.25 (ablation) against
+    the main run's sound hybrid on the same seeds and test sequences, level on recency at 128
+    tokens; and the mix minus the c = 1 hybrid at equal slopes, factor 0.75 (replication). The
+    prose states both, calls them untested, and no longer says 'don't mix'."""
+    abl = json.loads((DATA / "hybrid_ablation.json").read_text())
+    main = _record()
+    assert abl["seeds"] == main["seeds"] and abl["test_seed_base"] == main["test_seed_base"]
+    mix = {r["seed"]: r["acc_128"] for r in abl["records"]
+           if r["task"] == "latest" and r["encoding"] == "alpha_0.25"}
+    hyb = {r["seed"]: r["acc_128"] for r in main["records"]
+           if r["task"] == "latest" and r["encoding"] == "hybrid"}
+    d = [mix[s] - hyb[s] for s in main["seeds"]]
+    pos, neg, p = _sign_p(d)
+    assert (pos, neg) == (10, 10) and p == 1.0  # level: no direction either way
+    assert abs(sum(d) / len(d)) < 0.01
+    readings = (f"{statistics.mean(mix.values()):.3f}", f"{statistics.mean(hyb.values()):.3f}",
+                f"{sum(d) / len(d):+.3f}")
+    assert readings == ("0.832", "0.828", "+0.004")
+    rep = json.loads((DATA / "hybrid_replication.json").read_text())
+    acc = {(r["seed"], r["encoding"]): r["acc_128"] for r in rep["records"]
+           if r["task"] == "latest"}
+    gap = sum(acc[s, "alpha_0.25"] - acc[s, "slope_0.75"] for s in rep["seeds"]) / len(rep["seeds"])
+    assert f"{gap:+.3f}" == "+0.067"
+    fresh = json.loads((DATA / "hybrid_fresh.json").read_text())
+    for claims in (main["claims"], abl["claims"], rep["claims"], fresh["claims"]):  # none tests them
+        for c in claims:
+            pair = {c.get(k, {}).get("encoding") for k in ("a", "b")}
+            assert pair not in ({"alpha_0.25", "hybrid"}, {"alpha_0.25", "slope_0.75"}), c
+    text = " ".join(_chapter_markdown().split())
+    assert ("means 0.832 and 0.828, a mean paired difference of +0.004, the mix ahead on 10 of 20"
+            " seeds (an exploratory reading: no family tests it)") in text
+    assert "at 0.75 (+0.067, an exploratory reading: no family tests it)" in text
+    assert "don't mix" not in text
+    for cell_id in ("dfd282db", "e286d2f6"):  # the takeaways and the summary
+        cell = " ".join(_cell(cell_id).split())
+        assert "$\\alpha$ = 0.25 the mix is level with the sound hybrid" in cell
+        assert "by +0.067" in cell and "no family tests" in cell
+    assert "Keep ALiBi's full slopes (or learn them): $\\alpha$ can only flatten them" in " ".join(
+        _cell("dfd282db").split())
+
+
+def test_flashattention_3_has_no_alibi_is_cited():
+    """'FlashAttention-3 has no ALiBi' cites the maintainer's answer in Dao-AILab/flash-attention
+    issue #1666 ('No it's not implemented', 2025-05-20) in the takeaways and the kernels section."""
+    link = "https://github.com/Dao-AILab/flash-attention/issues/1666"
+    for cell_id in ("dfd282db", "6e3ee970"):
+        assert "FlashAttention-3 has no ALiBi" in _cell(cell_id) and link in _cell(cell_id)
