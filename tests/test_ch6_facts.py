@@ -689,8 +689,8 @@ def test_the_flattening_not_the_mixing_costs_recency_readings():
            if r["task"] == "latest"}
     gap = sum(acc[s, "alpha_0.25"] - acc[s, "slope_0.75"] for s in rep["seeds"]) / len(rep["seeds"])
     assert f"{gap:+.3f}" == "+0.067"
-    fresh = json.loads((DATA / "hybrid_fresh.json").read_text())
-    for claims in (main["claims"], abl["claims"], rep["claims"], fresh["claims"]):  # none tests them
+    fresh = json.loads((DATA / "hybrid_fresh.json").read_text())  # no family tests either reading
+    for claims in (main["claims"], abl["claims"], rep["claims"], fresh["claims"]):
         for c in claims:
             pair = {c.get(k, {}).get("encoding") for k in ("a", "b")}
             assert pair not in ({"alpha_0.25", "hybrid"}, {"alpha_0.25", "slope_0.75"}), c
