@@ -123,12 +123,40 @@ def test_the_map_the_headings_and_the_summary_count_the_same_bugs():
     numbers = _bug_numbers()
     assert numbers == list(range(1, len(numbers) + 1)) and len(numbers) == 21
     intro = _cell("1c1fa85f")
-    assert "reproduces twenty-one of them" in intro and "the twenty-one bugs" in intro
+    assert "reproduces twenty-one bugs of these kinds" in intro and "the twenty-one bugs" in intro
     cells = json.loads(CHAPTER.read_text())["cells"]
     table = next(c for c in cells if c.get("id") == "ch9-summary-table")
     assert table["cell_type"] == "markdown"
     rows = [int(m.group(1)) for m in re.finditer(r"^\| (\d+)\. ", "".join(table["source"]), re.M)]
     assert rows == numbers
+
+
+def test_the_split_of_reported_bugs():
+    """Cell 0 and the summary: nineteen bugs cite a report (seventeen an issue or pull request,
+    bug 14 Qwen's model cards, bug 19 an article's layer); bug 5 is the book's illustration, bug 18
+    was found here. Counted from the summary's "reported in" column and the bugs' own cells."""
+    table = _cell("ch9-summary-table")
+    cited = {int(m.group(1)): m.group(2) for m in
+             re.finditer(r"^\| (\d+)\. [^|]+\| ([^|]+) \|", table, re.M)}
+    assert len(cited) == 21
+    assert cited[5].startswith("no report found; this book's illustration")
+    assert cited[18].startswith("found here")
+    assert cited[14] == "Qwen model cards" and cited[19].startswith("article 002's")
+    issues = {n for n, text in cited.items() if re.search(r"#\d+", text)} - {18}
+    assert issues == set(range(1, 22)) - {5, 14, 18, 19}
+    cells = json.loads(CHAPTER.read_text())["cells"]
+    bug = {int(m.group(1)): "".join(c["source"]) for c in cells if c["cell_type"] == "markdown"
+           for m in re.finditer(r"^## (\d+)\. ", "".join(c["source"]), re.M)}
+    assert "**The bug, the book's illustration** (no issue or pull request is cited" in bug[5]
+    assert "Confirmed by this chapter's probes" in bug[18] and "we found no report" in bug[18]
+    assert all(re.search(r"^\*\*Reports?\.\*\*", bug[n], re.M) for n in set(bug) - {5})
+    intro = " ".join(_cell("1c1fa85f").split())
+    assert ("Nineteen cite a report: seventeen an issue or pull request" in intro
+            and len(issues) == 17 and len(cited) - 2 == 19)
+    assert "bug 5 is the book's illustration" in intro and "bug 18 was found by this" in intro
+    summary = " ".join(_cell("2e2e24cd").split())
+    assert "Nineteen bugs cite a report; bug 5 is the book's illustration and bug 18 was found" \
+        in summary
 
 
 def test_qwen2_5_vl_keeps_the_rope_delta_for_decoding():
@@ -342,3 +370,16 @@ def test_the_seed_family_reading():
         assert verdict == "holds" and agree == n == "5"
         assert (float(low) > 0) if "helps" not in claim else (float(high) < 0)
     assert "All four claims hold, and every seed" in _text("ch9-seeds-reading")
+    for cell_id in ("ch9-seeds-plan", "ch9-seeds-reading", "123bb967"):  # not pre-registered
+        text = " ".join(_cell(cell_id).split())
+        assert "not a pre-registered test" in text and "check across seeds" in text
+    assert "decides the four on fresh seeds is open" in " ".join(_cell("ch9-seeds-plan").split())
+    assert "five seeds)" not in _cell("ch9-summary-table")
+
+
+def test_the_serving_section_says_what_it_reproduces():
+    """Cell ch9-serving-md: only the chunked prefill has a cell; the other three are described."""
+    text = _text("ch9-serving-md")
+    assert "the first is reproduced below, the other three are described from the cited sources, " \
+        "not reproduced here" in text
+    assert "(described from their sources, not reproduced)" in _text("1c1fa85f")
