@@ -698,7 +698,10 @@ def test_the_flattening_not_the_mixing_costs_recency_readings():
     assert ("means 0.832 and 0.828, a mean paired difference of +0.004, the mix ahead on 10 of 20"
             " seeds (an exploratory reading: no family tests it)") in text
     assert "at 0.75 (+0.067, an exploratory reading: no family tests it)" in text
-    assert "don't mix" not in text
+    assert "don't mix" not in text and "not the mixing" not in text
+    # the slopes alone do not explain the readings: the prose names the content scale too
+    assert text.count("content scale") >= 3
+    assert "Both the slopes and the content scale matter" in text
     for cell_id in ("dfd282db", "e286d2f6"):  # the takeaways and the summary
         cell = " ".join(_cell(cell_id).split())
         assert "$\\alpha$ = 0.25 the mix is level with the sound hybrid" in cell
